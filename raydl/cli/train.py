@@ -1,0 +1,24 @@
+"""raydl train: train on Ray Train (local Ray sized to this machine, or --address)."""
+
+from __future__ import annotations
+
+import json
+
+from raydl.cli.common import add_config_args, config_from_args, parser_kwargs
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", **parser_kwargs("Train a model with elastic data/pipeline parallelism on Ray."))
+    add_config_args(p)
+    p.add_argument("--address", help="Ray cluster to use (e.g. auto, ray://host:10001); default: start a local one.")
+    p.add_argument("--resume", metavar="RUN_DIR_OR_CHECKPOINT", help="Continue from a run directory's latest checkpoint.")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from raydl.train.trainer import run_training
+
+    cfg = config_from_args(args)
+    summary = run_training(cfg, address=args.address, resume=args.resume)
+    print(json.dumps(summary, indent=1))
+    return 0

@@ -1,0 +1,218 @@
+"""The one typed configuration of a raydl run.
+
+Every way into raydl (YAML file, `--set section.key=value`, Ray Tune trial dicts,
+`jobs/train.py`) produces a `JobConfig` through `load_config`, so there is exactly one
+place that knows the fields, their types, their defaults and what they mean.
+Each field carries its help text in `metadata["help"]`: `raydl train --help` prints it.
+Checks that need the world size (divisibility of the global batch, layouts) happen when
+a worker group starts, in `raydl.parallel.mesh`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydl.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+DP_WRAPPERS = ("fsdp", "replicate", "ddp")
+
+
+def _f(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field with its help text (and allowed values) attached."""
+    meta = {"help": help, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(kw_only=True)
+class RunSection:
+    name: str = _f("raydl", "Run name; the run directory is <runs_dir>/<name>-<timestamp>/.")
+    runs_dir: str = _f("runs", "Parent folder of run directories (local path).")
+    dir: str = _f("", "Explicit run directory; empty = <runs_dir>/<name>-<timestamp>.")
+
+
+@dataclass(kw_only=True)
+class ModelSection:
+    name: str = _f("gpt", "Model from the registry: gpt (decoder-only transformer) or resnet (CIFAR-style).",
+                   choices=("gpt", "resnet"))
+    size: str = _f("tiny", "Model size preset. gpt: tiny (~1M params), mini, small, gpt2 (124M). "
+                   "resnet: tiny, resnet18.", choices=("tiny", "mini", "small", "gpt2", "resnet18"))
+    dropout: float = _f(0.0, "Dropout probability inside transformer blocks.")
+    activation_checkpointing: bool = _f(False, "Recompute each block's activations in backward (less memory, ~30% more compute).")
+
+
+@dataclass(kw_only=True)
+class DataSection:
+    path: str = _f("builtin", "Parquet dataset directory or URI (s3://, gs://, any pyarrow filesystem); "
+                   "'builtin' generates the model's default learnable task on first use.")
+    builtin_samples: int = _f(24576, "Rows of the built-in dataset (train + eval).")
+    shard_rows: int = _f(2048, "Rows per parquet shard when raydl writes a dataset.")
+    eval_fraction: float = _f(0.0625, "Share of the built-in dataset held out for evaluation.")
+    cache_dir: str = _f(".raydl_data", "Where the built-in dataset is generated (reused if already there).")
+    shuffle: bool = _f(True, "Seeded shuffle that differs per epoch (same seed + epoch = same order).")
+    max_bad_shards: int = _f(0, "Corrupt shards to skip (and count) before failing; 0 = fail on the first.")
+    prefetch_batches: int = _f(2, "Batches each worker reads ahead so that reading overlaps compute.")
+
+
+@dataclass(kw_only=True)
+class ParallelSection:
+    pp_degree: int | str = _f(1, "Pipeline-parallel degree (stages across workers), or 'auto' to let the planner choose.")
+    schedule: str = _f("1f1b", "Pipeline schedule: gpipe, 1f1b, loopedbfs, interleaved1f1b, interleavedzb, zbv, dualpipev.",
+                       choices=("gpipe", "1f1b", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev"))
+    num_microbatches: int = _f(0, "Pipeline micro-batches per step and replica; 0 = derived from the batch sizes.")
+    stage_cuts: list[int] = _f([], "Manual stage boundaries (block index where each later stage starts); overrides the planner.")
+    dp_wrapper: str = _f("fsdp", "Data-parallel wrapper: fsdp (FSDP2 fully_shard; composes with every pipeline schedule), "
+                         "replicate (FSDP2-based DDP), ddp (classic DistributedDataParallel; not with zero-bubble schedules).",
+                         choices=DP_WRAPPERS)
+
+
+@dataclass(kw_only=True)
+class TrainSection:
+    optimizer: str = _f("adamw", "Optimizer: adamw or sgd.", choices=OPTIMIZERS)
+    lr: float = _f(3e-3, "Peak learning rate (after warmup).")
+    weight_decay: float = _f(0.0, "Decoupled weight decay (adamw) or L2 (sgd).")
+    beta1: float = _f(0.9, "AdamW beta1.")
+    beta2: float = _f(0.95, "AdamW beta2.")
+    momentum: float = _f(0.9, "SGD momentum.")
+    lr_schedule: str = _f("cosine", "Decay after warmup: cosine, linear or constant.", choices=LR_SCHEDULES)
+    warmup_steps: int = _f(20, "Linear warmup steps from 0 to lr.")
+    min_lr_ratio: float = _f(0.1, "Final lr as a fraction of lr (cosine/linear).")
+    global_batch_size: int = _f(64, "Samples per optimizer step over all workers; kept constant when the world size changes.")
+    micro_batch_size: int = _f(32, "Samples per forward/backward on one worker; accumulation = global / (micro * data-parallel size).")
+    max_steps: int = _f(500, "Optimizer steps to train; 0 = use max_epochs.")
+    max_epochs: int = _f(0, "Epochs to train when max_steps is 0.")
+    precision: str = _f("fp32", "fp32, bf16 (autocast) or fp16 (autocast + GradScaler).", choices=PRECISIONS)
+    grad_clip: float = _f(1.0, "Clip the global gradient norm to this value; 0 = off.")
+    seed: int = _f(0, "Seed for model init, data order and dropout.")
+    eval_every: int = _f(0, "Evaluate every N steps (0 = only at the end).")
+    eval_batches: int = _f(8, "Micro-batches per evaluation on each worker.")
+
+
+@dataclass(kw_only=True)
+class CheckpointSection:
+    every_steps: int = _f(100, "Save a checkpoint every N steps (and at the end).")
+    keep: int = _f(2, "Number of checkpoints to keep.")
+    storage_path: str = _f("", "Where checkpoints go: local path or pyarrow filesystem URI; empty = the run directory.")
+
+
+@dataclass(kw_only=True)
+class ScalingSection:
+    min_workers: int = _f(2, "Fewest workers to train with (elastic when < max_workers).")
+    max_workers: int = _f(2, "Most workers to train with.")
+    use_gpu: str = _f("auto", "auto (GPUs when the cluster has them), true or false.", choices=("auto", "true", "false"))
+    cpus_per_worker: float = _f(1.0, "CPUs reserved per worker.")
+    gpus_per_worker: float = _f(1.0, "GPUs reserved per worker when GPUs are used.")
+    max_failures: int = _f(3, "Worker-group failures to retry (-1 = unlimited); preemptions are not counted.")
+    resize_check_s: float = _f(30.0, "Seconds between checks for a bigger/smaller cluster (Ray default: 60).")
+    worker_start_timeout_s: float = _f(15.0, "Seconds to wait for a worker group to start before trying a smaller one (Ray default: 60).")
+
+
+@dataclass(kw_only=True)
+class TelemetrySection:
+    report_every: int = _f(10, "Report metrics to Ray (and metrics.jsonl) every N steps; Ray caps report rate at ~1 per poll.")
+    progress: bool = _f(True, "Print a progress line on rank 0.")
+    nvml: bool = _f(True, "Read GPU utilisation, memory, power and temperature through NVML when on GPU.")
+    tensorboard: bool = _f(True, "Also write TensorBoard events when tensorboard is installed.")
+
+
+@dataclass(kw_only=True)
+class JobConfig:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    telemetry: TelemetrySection = field(default_factory=TelemetrySection)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobConfig":
+        from raydl.overrides import build_config
+
+        return build_config(data)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}  # type: ignore[misc]
+
+
+def field_type(section: str, key: str) -> Any:
+    hints = typing.get_type_hints(SECTIONS[section])
+    return hints[key]
+
+
+def iter_fields():
+    """Yield (section, field) for every config field, in declaration order."""
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            yield section, f
+
+
+def _positive(cfg: JobConfig, path: str, *, allow_zero: bool = False) -> None:
+    section, key = path.split(".")
+    value = getattr(getattr(cfg, section), key)
+    if value < 0 or (value == 0 and not allow_zero):
+        need = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(path, f"is {value}, must be {need}", f"set --set {path}=<a value {need}>")
+
+
+def validate(cfg: JobConfig) -> None:
+    """World-size-independent checks; each error names the field and the fix."""
+    for section, f in iter_fields():
+        choices = f.metadata.get("choices")
+        value = getattr(getattr(cfg, section), f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"{section}.{f.name}", f"is {value!r}, not one of {', '.join(choices)}",
+                              f"pick one of them, e.g. --set {section}.{f.name}={choices[0]}")
+    for path in ("train.global_batch_size", "train.micro_batch_size", "train.lr", "scaling.min_workers",
+                 "scaling.max_workers", "data.shard_rows", "telemetry.report_every", "checkpoint.every_steps",
+                 "checkpoint.keep", "scaling.cpus_per_worker", "data.builtin_samples", "train.eval_batches"):
+        _positive(cfg, path)
+    for path in ("train.max_steps", "train.max_epochs", "train.warmup_steps", "train.grad_clip",
+                 "train.weight_decay", "train.eval_every", "parallel.num_microbatches", "data.max_bad_shards",
+                 "data.prefetch_batches", "scaling.gpus_per_worker", "scaling.resize_check_s"):
+        _positive(cfg, path, allow_zero=True)
+    t, s = cfg.train, cfg.scaling
+    if t.max_steps == 0 and t.max_epochs == 0:
+        raise ConfigError("train.max_steps", "and train.max_epochs are both 0, so the run would never stop",
+                          "set --set train.max_steps=N or --set train.max_epochs=N")
+    if t.global_batch_size % t.micro_batch_size:
+        raise ConfigError("train.global_batch_size", f"({t.global_batch_size}) is not a multiple of "
+                          f"train.micro_batch_size ({t.micro_batch_size})",
+                          "make the global batch a multiple of the micro-batch")
+    if s.min_workers > s.max_workers:
+        raise ConfigError("scaling.min_workers", f"({s.min_workers}) is larger than scaling.max_workers ({s.max_workers})",
+                          f"set --set scaling.max_workers={s.min_workers} or lower min_workers")
+    if s.max_failures < -1:
+        raise ConfigError("scaling.max_failures", f"is {s.max_failures}", "use -1 (unlimited), 0 or a positive count")
+    if not 0 < cfg.data.eval_fraction < 1:
+        raise ConfigError("data.eval_fraction", f"is {cfg.data.eval_fraction}", "use a fraction between 0 and 1")
+    pp = cfg.parallel.pp_degree
+    if not (pp == "auto" or (isinstance(pp, int) and pp >= 1)):
+        raise ConfigError("parallel.pp_degree", f"is {pp!r}", "use a positive integer or 'auto'")
+    if list(cfg.parallel.stage_cuts) != sorted(set(cfg.parallel.stage_cuts)):
+        raise ConfigError("parallel.stage_cuts", f"{cfg.parallel.stage_cuts} is not strictly increasing",
+                          "list the block index where each stage after the first begins, in order")
+
+
+def is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def default_run_dir(cfg: JobConfig, timestamp: str) -> Path:
+    return Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.runs_dir) / f"{cfg.run.name}-{timestamp}"

@@ -1,0 +1,38 @@
+"""Models as an ordered list of blocks, so pipeline stages can be cut between blocks.
+
+`BlockModel.blocks` is an `nn.ModuleDict` in execution order. A pipeline stage is the same
+model with the blocks it does not own deleted (torchtitan's approach), so every parameter
+keeps its fully qualified name (`blocks.h3.attn.qkv.weight`) in every layout: that is what
+lets a checkpoint saved at one layout load at another.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class BlockModel(nn.Module):
+    def __init__(self, blocks: dict[str, nn.Module]):
+        super().__init__()
+        self.blocks = nn.ModuleDict(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks.values():
+            x = block(x)
+        return x
+
+    @property
+    def block_names(self) -> list[str]:
+        return list(self.blocks.keys())
+
+    def keep_blocks(self, names: list[str]) -> "BlockModel":
+        """Delete every block not in `names` (in place); the rest keep their names."""
+        for name in list(self.blocks.keys()):
+            if name not in names:
+                del self.blocks[name]
+        return self
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,109 @@
+"""Decoder-only transformer (GPT-2 style, pre-norm) as blocks: embed, h0..h{n-1}, head.
+
+The head is not tied to the embedding: in a pipeline they live on different stages, and
+tying would need a cross-stage gradient exchange. So the `gpt2` preset has GPT-2 124M's
+body and 163M parameters with GPT-2's 50257-token vocabulary (124M + an untied head).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raydl.models.blocks import BlockModel
+
+# name: (layers, width, heads)
+SIZES = {
+    "tiny": (4, 128, 4),     # ~0.8M params + embeddings
+    "mini": (6, 256, 8),
+    "small": (8, 512, 8),
+    "gpt2": (12, 768, 12),   # GPT-2 124M body
+}
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, seq_len: int, width: int, dropout: float):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, width)
+        self.pos = nn.Embedding(seq_len, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.tok(idx) + self.pos(positions))  # (B, T, C)
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads, dropout)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(nn.Module):
+    def __init__(self, width: int, vocab_size: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.out = nn.Linear(width, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))  # (B, T, vocab)
+
+
+def build_gpt(size: str, *, vocab_size: int, seq_len: int, dropout: float = 0.0) -> BlockModel:
+    layers, width, heads = SIZES[size]
+    blocks: dict[str, nn.Module] = {"embed": Embedding(vocab_size, seq_len, width, dropout)}
+    for i in range(layers):
+        blocks[f"h{i}"] = TransformerBlock(width, heads, dropout)
+    blocks["head"] = Head(width, vocab_size)
+    model = BlockModel(blocks)
+    model.apply(_init_weights)
+    return model
+
+
+def _init_weights(module: nn.Module) -> None:
+    # GPT-2's init: N(0, 0.02) weights, zero biases.
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def gpt_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy over labelled positions (label -100 = ignored)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def gpt_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
+    mask = labels != -100
+    return int(((logits.argmax(-1) == labels) & mask).sum()), int(mask.sum())
+
+
+def gpt_flops_per_token(size: str, *, vocab_size: int, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM appendix B / nanoGPT: 6N + 12·L·H·Q·T (N = non-embedding params)."""
+    layers, width, _ = SIZES[size]
+    n = layers * 12 * width * width + width * vocab_size
+    return 6 * n + 12 * layers * width * seq_len

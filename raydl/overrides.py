@@ -1,0 +1,148 @@
+"""Strict config loading: YAML file + `section.key=value` overrides -> JobConfig.
+
+Strict as in nanoGPT's configurator, without `exec`: an unknown section or key is an
+error, and every value must convert to the field's declared type. The CLI, the job
+entry points and Ray Tune trials all go through `load_config` / `apply_overrides`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydl.config import SECTIONS, JobConfig, field_type, is_union
+from raydl.errors import ConfigError
+
+
+def _suggest(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def _check_key(section: str, key: str | None = None) -> None:
+    if section not in SECTIONS:
+        raise ConfigError(section, "is not a config section",
+                          f"{_suggest(section, SECTIONS)}sections are {', '.join(SECTIONS)}")
+    if key is not None:
+        keys = typing.get_type_hints(SECTIONS[section])
+        if key not in keys:
+            raise ConfigError(f"{section}.{key}", "is not a config field",
+                              f"{_suggest(key, keys)}see `raydl train --help` for the fields of '{section}'")
+
+
+def coerce(path: str, value: Any, tp: Any) -> Any:
+    """Convert `value` (from YAML or a CLI string) to `tp`, or raise ConfigError."""
+    if is_union(tp):
+        for option in typing.get_args(tp):
+            try:
+                return coerce(path, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(path, f"got {value!r}", f"give a value of type {tp}")
+    if typing.get_origin(tp) is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip() else []
+            value = value if isinstance(value, list) else [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(path, f"got {value!r}, expected a list", f"write it as [1, 2]")
+        return [coerce(path, v, item_tp) for v in value]
+    if isinstance(value, str) and tp is not str:
+        value = _parse_scalar(value, tp)
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):   # '3e-3' from a YAML file
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is str and isinstance(value, bool):     # `use_gpu: false` in YAML
+        return "true" if value else "false"
+    if tp is str and isinstance(value, (str, int, float)):
+        return str(value)
+    raise ConfigError(path, f"must be of type {getattr(tp, '__name__', tp)}, got {value!r}",
+                      f"give a {getattr(tp, '__name__', tp)} value, e.g. --set {path}=<value>")
+
+
+def _parse_scalar(text: str, tp: Any) -> Any:
+    """CLI text -> Python value. Numbers are parsed directly: YAML 1.1 reads '3e-3' as a string."""
+    if tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text) if text.strip() else text
+
+
+def build_config(tree: dict[str, Any]) -> JobConfig:
+    """Nested dict (YAML shape) -> validated JobConfig; unknown keys are errors."""
+    if not isinstance(tree, dict):
+        raise ConfigError("<root>", f"must be a mapping of sections, got {type(tree).__name__}",
+                          "write the config as 'section:' blocks of 'key: value'")
+    sections = {}
+    for section, values in tree.items():
+        _check_key(section)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(section, f"must be a mapping, got {values!r}", f"write '{section}:' then indented keys")
+        kwargs = {}
+        for key, value in values.items():
+            _check_key(section, key)
+            kwargs[key] = coerce(f"{section}.{key}", value, field_type(section, key))
+        sections[section] = SECTIONS[section](**kwargs)
+    return JobConfig(**sections)
+
+
+def parse_assignment(text: str) -> tuple[str, str, str]:
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(text, "is not of the form section.key=value", "write e.g. --set train.lr=0.001")
+    path, value = text.split("=", 1)
+    section, key = path.strip().split(".", 1)
+    _check_key(section, key)
+    return section, key, value
+
+
+def apply_overrides(tree: dict[str, Any], assignments: dict[str, Any] | list[str]) -> dict[str, Any]:
+    """Return a copy of `tree` with dotted overrides applied (CLI strings or Tune values)."""
+    tree = copy.deepcopy(tree)
+    items = (assignments.items() if isinstance(assignments, dict)
+             else [(f"{s}.{k}", v) for s, k, v in map(parse_assignment, assignments)])
+    for path, value in items:
+        section, _, key = path.partition(".")
+        _check_key(section, key)
+        tree.setdefault(section, {})
+        if tree[section] is None:
+            tree[section] = {}
+        tree[section][key] = value
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--config", f"file '{p}' does not exist", "pass the path of a YAML config file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("--config", f"file '{p}' is not valid YAML ({str(e).splitlines()[0]})",
+                          "fix the YAML syntax") from None
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> JobConfig:
+    tree = read_yaml(path) if path else {}
+    return build_config(apply_overrides(tree, overrides or []))
+
+
+def dump_yaml(cfg: JobConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,662 @@
+"""Choose a data-parallel x pipeline-parallel layout from a per-block profile.
+
+The model is an ordered list of blocks (embedding, N transformer blocks, head). A layout splits
+``world_size`` workers into ``dp`` replicas of a ``pp``-rank pipeline, cuts the blocks into
+``pp * stages_per_rank`` contiguous stages, and feeds each replica ``m = num_microbatches``
+micro-batches of ``micro_batch`` samples per optimizer step. `plan` predicts step time and peak memory
+of every candidate with the cost model below and picks the fastest layout that fits.
+
+Cost model (per data-parallel replica; replicas run side by side)
+------------------------------------------------------------------
+Scaling
+    Block times and activation bytes were measured at ``b0 = profile.micro_batch`` samples and scale
+    linearly with the micro-batch ``b``: ``t(b) = t(b0) * b / b0``. Real kernels lose efficiency on
+    small micro-batches, so the model is optimistic far below ``b0``: profile near the size you run.
+Stage and rank time per micro-batch
+    ``t_stage = sum(fwd_s + bwd_s)`` over the stage's blocks; a rank runs 1 stage (gpipe, 1f1b) or 2.
+    Each stage boundary between two ranks moves the boundary block's output forward and its gradient
+    back, ``c = 2 * (p2p_latency_s + output_bytes / p2p_bytes_per_s)`` per micro-batch. Both ranks at the
+    boundary wait for both transfers (no compute/communication overlap: gloo P2P blocks, and torch runs
+    DualPipeV's overlapped F&B one after the other), so ``c`` is added to both ranks.
+    ``T_rank = sum(t_stage of its stages) + sum(c of its cross-rank boundaries)``.
+Step time
+    ``step = m * max(T_rank) / (1 - bubble)``; for gpipe/1f1b that is ``(m + p - 1) * max(T_rank)``,
+    the GPipe formula. The data-parallel gradient all-reduce is not modelled (it overlaps backward).
+Bubble (idle share of the step, p = pp, m micro-batches; `bubble_fraction`)
+    gpipe, 1f1b                  (p-1)/(m+p-1)     GPipe, arXiv 1811.06965; 1F1B only saves memory
+    loopedbfs, interleaved1f1b   (p-1)/(2m+p-1)    Megatron-LM interleaved 1F1B, v=2, arXiv 2104.04473
+    interleavedzb (ZB-H1)        (p-1)/(3m+p-1)    Zero Bubble PP, arXiv 2401.10241, T_F = T_B = T_W
+    zbv, dualpipev               (p-1)/(6m+p-1)    ~0 in the ZB-V ideal; small residual, see below
+Memory per rank
+    params + grads (= params) + optimizer states (``optimizer_bytes_per_param_byte * params``) +
+    activations kept for backward. No sharding over dp is assumed (conservative for FSDP2).
+    In-flight activations per rank, counted in chunks (one stage x one micro-batch) by replaying the
+    schedule tables of torch 2.13 ``torch.distributed.pipelining.schedules`` (rank r, v = 2, ``hops`` =
+    p - 1 - r, ``per_round`` = m // max(1, m // p)):
+        gpipe m;  1f1b min(m, p - r);  loopedbfs v*m;
+        interleaved1f1b min(v*m, per_round + 2*hops + 1);  interleavedzb min(v*m, per_round + hops + 1);
+        zbv min(v*m, 2p, m + 1 + r);  dualpipev min(v*m, 2p + 1).
+    A stage keeps ``chunks / stages_per_rank`` micro-batches of its own activations (the rank's chunks
+    split evenly between its stages, an approximation). A layout fits if every rank's total is at most
+    the device memory. pp = 1 (no pipeline, plain gradient accumulation) is listed as 1f1b, whose rule
+    gives the one micro-batch in flight that accumulation keeps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from raydl.errors import LayoutError
+
+__all__ = [
+    "SCHEDULES", "BlockProfile", "ModelProfile", "StagePrediction", "Layout", "PlanError",
+    "balanced_cuts", "bubble_fraction", "validate_layout", "evaluate", "plan", "format_table",
+]
+
+SCHEDULES = ("gpipe", "1f1b", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
+# Stages per rank: 1 for gpipe/1f1b; 2 for the others (looped/interleaved use 2 virtual stages per
+# rank, zbv/dualpipev exactly 2 in "V" shape, which torch enforces).
+_SINGLE_STAGE = ("gpipe", "1f1b")
+_V_SHAPED = ("zbv", "dualpipev")
+_V = 2
+# Tie-break for equal predicted time: 1f1b before gpipe (same time, less activation memory).
+_PREFERENCE = ("1f1b", "gpipe", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
+# The fill/drain of a pipeline idles p-1 "slots"; a slot is 1/k of one micro-batch's work on a rank.
+# Interleaving (v=2) halves the slot; ZB-H1 splits backward into B and W, so with T_F=T_B=T_W a slot is
+# one of the three passes. ZB-V (and DualPipeV, its cut-in-half DualPipe) fills the pipeline fully in
+# the paper's ideal; we keep p-1 slots of one pass of one of the 2 chunks (1/6) so that they rank ahead
+# of ZB-H1 without being free: real F, B and W never take equal time. (On CPU, notes §2b measured
+# 0.08-0.12 at p=2-4, m=8, most of it P2P latency, which the model charges separately.)
+_BUBBLE_SLOTS_PER_MICROBATCH = {
+    "gpipe": 1, "1f1b": 1, "loopedbfs": _V, "interleaved1f1b": _V, "interleavedzb": 3, "zbv": 6, "dualpipev": 6,
+}
+_MIB = 2**20
+
+
+class PlanError(LayoutError):
+    """A layout request that cannot work; the message has the numbers and the fix (a ValueError)."""
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    name: str
+    fwd_s: float  # forward seconds for ONE micro-batch of `profile.micro_batch` samples
+    bwd_s: float  # backward seconds (input grad + weight grad) for the same micro-batch
+    param_bytes: int
+    activation_bytes: int  # activation memory kept for backward per micro-batch
+    output_bytes: int  # bytes of the block's output per micro-batch (what crosses a stage boundary)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    blocks: tuple[BlockProfile, ...]
+    micro_batch: int  # samples per micro-batch the profile was measured at
+    optimizer_bytes_per_param_byte: float = 2.0  # AdamW: 2 fp32 states per param
+    p2p_bytes_per_s: float = 1e9  # link bandwidth between stages, for the communication term
+    p2p_latency_s: float = 1e-4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        if not self.blocks:
+            raise PlanError("the model profile has no blocks; profile at least one block")
+        _require_positive(micro_batch=self.micro_batch)
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    blocks: tuple[int, int]  # [start, end) block indices
+    compute_s: float  # per step (all micro-batches) fwd+bwd
+    peak_memory_bytes: int  # params + grads + optimizer + this stage's share of in-flight activations
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    pp: int
+    schedule: str
+    num_microbatches: int  # per data-parallel replica per optimizer step (= accumulation when pp == 1)
+    micro_batch: int
+    stage_cuts: tuple[int, ...]  # block index where each stage after the first begins
+    stages: tuple[StagePrediction, ...]
+    predicted_step_s: float
+    bubble_fraction: float
+    fits: bool  # every rank's peak memory (sum of its stages) <= device memory
+    reason: str  # one line: why chosen / why rejected
+
+
+# ---------------------------------------------------------------------------------------------
+# Partitioning and bubble
+
+
+def balanced_cuts(costs: Sequence[float], num_stages: int) -> tuple[int, ...]:
+    """Contiguous partition of `costs` into num_stages non-empty parts minimising the maximum part
+    sum (exact dynamic programme); returns the start indices of parts 2..n."""
+    if not isinstance(num_stages, int) or not 1 <= num_stages <= len(costs):
+        raise PlanError(
+            f"cannot cut {len(costs)} blocks into {num_stages} non-empty stages; use 1..{len(costs)} stages"
+        )
+    return _balanced_cuts(tuple(float(c) for c in costs), num_stages)
+
+
+@functools.lru_cache(maxsize=256)
+def _balanced_cuts(costs: tuple[float, ...], k: int) -> tuple[int, ...]:
+    # Cached because plan() asks for the same stage count with many schedules and micro-batch counts.
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    # best[j][i]: smallest max part sum of costs[:i] in j parts; start[j][i]: where the j-th part begins.
+    best = [[math.inf] * (n + 1) for _ in range(k + 1)]
+    start = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for s in range(j - 1, i):
+                value = max(best[j - 1][s], prefix[i] - prefix[s])
+                if value < best[j][i]:
+                    best[j][i], start[j][i] = value, s
+    cuts, i = [], n
+    for j in range(k, 1, -1):
+        i = start[j][i]
+        cuts.append(i)
+    return tuple(reversed(cuts))
+
+
+def bubble_fraction(schedule: str, pp: int, num_microbatches: int) -> float:
+    """Textbook idle share of the step (see the module docstring); pp == 1 gives 0."""
+    _check_schedule_name(schedule)
+    _require_positive(pp=pp, num_microbatches=num_microbatches)
+    slots = _BUBBLE_SLOTS_PER_MICROBATCH[schedule] * num_microbatches
+    return (pp - 1) / (slots + pp - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate_layout(
+    *,
+    num_blocks: int,
+    world_size: int,
+    pp: int,
+    schedule: str,
+    num_microbatches: int,
+    global_batch: int,
+    micro_batch: int,
+    stage_cuts: Sequence[int] | None = None,
+) -> None:
+    """Raise PlanError, with the numbers and the fix, for a layout torch or the batch sizes reject."""
+    _check_mesh(num_blocks, world_size, pp, schedule)
+    _check_batch(world_size // pp, num_microbatches, global_batch, micro_batch)
+    _check_schedule_constraints(schedule, pp, num_microbatches)
+    if stage_cuts is not None:
+        _check_cuts(tuple(stage_cuts), num_blocks, pp, schedule)
+
+
+def _require_positive(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{name}={value!r} must be a positive integer")
+
+
+def _check_schedule_name(schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise PlanError(f"unknown pipeline schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
+
+
+def _check_mesh(num_blocks: int, world_size: int, pp: int, schedule: str) -> None:
+    _check_schedule_name(schedule)
+    _require_positive(num_blocks=num_blocks, world_size=world_size, pp=pp)
+    if world_size % pp:
+        choices = ", ".join(str(d) for d in _divisors(world_size) if d <= num_blocks)
+        raise PlanError(f"world_size={world_size} is not divisible by pp={pp}; use pp in {{{choices}}}")
+    per_rank = _stages_per_rank(schedule)
+    if pp * per_rank > num_blocks:
+        raise PlanError(
+            f"pp={pp} with schedule {schedule!r} needs {pp * per_rank} stages ({per_rank} per rank) but the "
+            f"model has only {num_blocks} blocks; use pp <= {num_blocks // per_rank}"
+        )
+
+
+def _check_batch(dp: int, num_microbatches: int, global_batch: int, micro_batch: int) -> None:
+    _require_positive(global_batch=global_batch)
+    if isinstance(micro_batch, int) and micro_batch < 1:
+        raise PlanError(
+            f"micro_batch={micro_batch}: global_batch={global_batch} / dp={dp} / num_microbatches="
+            f"{num_microbatches} leaves less than one sample per micro-batch; use num_microbatches <= "
+            f"{global_batch // dp} or a larger global batch"
+        )
+    _require_positive(micro_batch=micro_batch)
+    if global_batch % (dp * micro_batch):
+        step = dp * micro_batch
+        raise PlanError(
+            f"global_batch={global_batch} is not divisible by dp*micro_batch = {dp}*{micro_batch} = {step}; "
+            f"use a global batch that is a multiple of {step} (e.g. {math.ceil(global_batch / step) * step}) "
+            f"or another micro-batch"
+        )
+    _require_positive(num_microbatches=num_microbatches)
+    per_replica = global_batch // dp
+    if per_replica != num_microbatches * micro_batch:
+        raise PlanError(
+            f"per-replica batch global_batch/dp = {global_batch}/{dp} = {per_replica} must equal "
+            f"num_microbatches*micro_batch = {num_microbatches}*{micro_batch} = {num_microbatches * micro_batch}; "
+            f"use num_microbatches={per_replica // micro_batch}"
+        )
+
+
+def _check_schedule_constraints(schedule: str, pp: int, m: int) -> None:
+    """The checks torch 2.13's schedule constructors make, raised before any process starts."""
+    if schedule == "1f1b" and m < pp:
+        raise PlanError(
+            f"schedule '1f1b' needs num_microbatches >= pp (torch Schedule1F1B); got num_microbatches={m} "
+            f"< pp={pp}; use num_microbatches >= {pp} or schedule 'gpipe'"
+        )
+    rounds = max(1, m // pp)
+    if schedule in ("interleaved1f1b", "interleavedzb") and m % rounds:
+        raise PlanError(
+            f"schedule {schedule!r} needs num_microbatches divisible by max(1, num_microbatches // pp) = "
+            f"{rounds}; got num_microbatches={m}, pp={pp}; use a multiple of pp such as {rounds * pp}"
+        )
+    if schedule == "dualpipev" and m < 2 * pp:
+        raise PlanError(
+            f"schedule 'dualpipev' needs num_microbatches >= number of stages = 2*pp = {2 * pp}; got "
+            f"num_microbatches={m}; use num_microbatches >= {2 * pp}"
+        )
+
+
+def _check_cuts(cuts: tuple[int, ...], num_blocks: int, pp: int, schedule: str) -> None:
+    per_rank = _stages_per_rank(schedule)
+    num_stages = pp * per_rank
+    if len(cuts) != num_stages - 1:
+        raise PlanError(
+            f"stage_cuts {cuts} has {len(cuts)} cuts but pp={pp} x {per_rank} stage(s) per rank for "
+            f"{schedule!r} = {num_stages} stages need {num_stages - 1}"
+        )
+    for cut in cuts:
+        if not isinstance(cut, int) or not 1 <= cut <= num_blocks - 1:
+            raise PlanError(f"stage_cuts {cuts}: cut {cut!r} is outside 1..{num_blocks - 1} ({num_blocks} blocks)")
+    for i in range(1, len(cuts)):
+        if cuts[i] <= cuts[i - 1]:
+            raise PlanError(
+                f"stage_cuts {cuts} must be strictly increasing (every stage needs a block); "
+                f"cut {cuts[i]} at position {i} follows {cuts[i - 1]}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction
+
+
+def evaluate(
+    profile: ModelProfile,
+    *,
+    world_size: int,
+    pp: int,
+    schedule: str,
+    global_batch: int,
+    device_memory_bytes: int,
+    num_microbatches: int | None = None,
+    stage_cuts: Sequence[int] | None = None,
+) -> Layout:
+    """Predict one layout (validated first). Without num_microbatches the micro-batch is the profiled
+    one; with it, micro_batch = global_batch // dp // num_microbatches. Without stage_cuts the blocks
+    are cut by `balanced_cuts` on fwd+bwd time."""
+    num_blocks = len(profile.blocks)
+    _check_mesh(num_blocks, world_size, pp, schedule)
+    _require_positive(global_batch=global_batch)
+    dp = world_size // pp
+    if num_microbatches is None:
+        micro_batch = profile.micro_batch
+        num_microbatches = global_batch // dp // micro_batch
+    else:
+        _require_positive(num_microbatches=num_microbatches)
+        micro_batch = global_batch // dp // num_microbatches
+    validate_layout(
+        num_blocks=num_blocks, world_size=world_size, pp=pp, schedule=schedule, num_microbatches=num_microbatches,
+        global_batch=global_batch, micro_batch=micro_batch, stage_cuts=stage_cuts,
+    )
+    num_stages = pp * _stages_per_rank(schedule)
+    cuts = tuple(stage_cuts) if stage_cuts is not None else balanced_cuts(_block_costs(profile), num_stages)
+    return _predict(profile, dp, pp, schedule, num_microbatches, micro_batch, cuts, device_memory_bytes)
+
+
+def _predict(
+    profile: ModelProfile, dp: int, pp: int, schedule: str, m: int, micro_batch: int,
+    cuts: tuple[int, ...], device_memory_bytes: int,
+) -> Layout:
+    scale = micro_batch / profile.micro_batch
+    bounds = _stage_bounds(cuts, len(profile.blocks))
+    costs = _block_costs(profile)
+    stage_times = [scale * sum(costs[a:e]) for a, e in bounds]
+    rank_times = _rank_times(profile, schedule, pp, bounds, stage_times, scale)
+    bubble = bubble_fraction(schedule, pp, m)
+    memory = _stage_memory(profile, schedule, pp, m, scale, bounds, checkpoint=False)
+    stages = tuple(
+        StagePrediction(blocks=b, compute_s=m * t, peak_memory_bytes=mem)
+        for b, t, mem in zip(bounds, stage_times, memory)
+    )
+    rank_memory = _rank_sums(schedule, pp, memory)
+    fullest = max(range(pp), key=rank_memory.__getitem__)
+    fits = rank_memory[fullest] <= device_memory_bytes
+    verdict = "fits" if fits else "does not fit"
+    relation = "<=" if fits else ">"
+    return Layout(
+        dp=dp, pp=pp, schedule=schedule, num_microbatches=m, micro_batch=micro_batch, stage_cuts=cuts,
+        stages=stages, predicted_step_s=m * max(rank_times) / (1 - bubble), bubble_fraction=bubble, fits=fits,
+        reason=f"{verdict}: rank {fullest} needs {_mib(rank_memory[fullest])} MiB {relation} "
+        f"{_mib(device_memory_bytes)} MiB device memory",
+    )
+
+
+def _block_costs(profile: ModelProfile) -> tuple[float, ...]:
+    return tuple(b.fwd_s + b.bwd_s for b in profile.blocks)
+
+
+def _stages_per_rank(schedule: str) -> int:
+    return 1 if schedule in _SINGLE_STAGE else _V
+
+
+def _stage_ranks(schedule: str, pp: int) -> tuple[int, ...]:
+    """The rank running each stage, mapped as torch does: "loop" (stage s on rank s % pp) or "v"
+    (rank r holds stages r and 2pp-1-r)."""
+    num_stages = pp * _stages_per_rank(schedule)
+    if schedule in _V_SHAPED:
+        return tuple(s if s < pp else 2 * pp - 1 - s for s in range(num_stages))
+    return tuple(s % pp for s in range(num_stages))
+
+
+def _stage_bounds(cuts: tuple[int, ...], num_blocks: int) -> tuple[tuple[int, int], ...]:
+    edges = (0, *cuts, num_blocks)
+    return tuple(zip(edges[:-1], edges[1:]))
+
+
+def _rank_sums(schedule: str, pp: int, per_stage: Sequence[float]) -> list[float]:
+    totals = [0] * pp
+    for rank, value in zip(_stage_ranks(schedule, pp), per_stage):
+        totals[rank] += value
+    return totals
+
+
+def _rank_times(
+    profile: ModelProfile, schedule: str, pp: int, bounds: tuple[tuple[int, int], ...],
+    stage_times: list[float], scale: float,
+) -> list[float]:
+    """Seconds per micro-batch on each rank: its stages' compute plus the transfers it waits for."""
+    times = _rank_sums(schedule, pp, stage_times)
+    ranks = _stage_ranks(schedule, pp)
+    for s in range(len(bounds) - 1):
+        if ranks[s] == ranks[s + 1]:
+            continue  # the V turn (stages pp-1 and pp) stays on one rank: no transfer
+        out_bytes = scale * profile.blocks[bounds[s][1] - 1].output_bytes
+        transfer = 2 * (profile.p2p_latency_s + out_bytes / profile.p2p_bytes_per_s)
+        times[ranks[s]] += transfer
+        times[ranks[s + 1]] += transfer
+    return times
+
+
+def _in_flight_chunks(schedule: str, pp: int, m: int, rank: int) -> int:
+    """Peak (stage, micro-batch) activation sets a rank holds, read off torch 2.13's schedule tables."""
+    hops = pp - 1 - rank  # earlier ranks warm up with more forwards before their first backward
+    per_round = m // max(1, m // pp)  # torch's microbatches_per_round
+    rules = {
+        "gpipe": m,
+        "1f1b": min(m, pp - rank),
+        "loopedbfs": _V * m,
+        "interleaved1f1b": min(_V * m, per_round + 2 * hops + 1),
+        "interleavedzb": min(_V * m, per_round + hops + 1),
+        "zbv": min(_V * m, 2 * pp, m + 1 + rank),
+        "dualpipev": min(_V * m, 2 * pp + 1),
+    }
+    return rules[schedule]
+
+
+def _stage_memory(
+    profile: ModelProfile, schedule: str, pp: int, m: int, scale: float,
+    bounds: tuple[tuple[int, int], ...], *, checkpoint: bool,
+) -> list[int]:
+    """Peak bytes per stage. With activation checkpointing a stage keeps only its blocks' outputs per
+    micro-batch in flight, plus one block's full activations while that block is recomputed."""
+    ranks = _stage_ranks(schedule, pp)
+    per_rank = _stages_per_rank(schedule)
+    memory = []
+    for stage, (a, e) in enumerate(bounds):
+        blocks = profile.blocks[a:e]
+        params = sum(b.param_bytes for b in blocks)
+        static = params * (2 + profile.optimizer_bytes_per_param_byte)  # params + grads + optimizer
+        in_flight = _in_flight_chunks(schedule, pp, m, ranks[stage]) / per_rank
+        if checkpoint:
+            kept = sum(b.output_bytes for b in blocks)
+            transient = max(b.activation_bytes for b in blocks)
+        else:
+            kept, transient = sum(b.activation_bytes for b in blocks), 0
+        memory.append(math.ceil(static + scale * (in_flight * kept + transient)))
+    return memory
+
+
+def _max_rank_memory(layout: Layout) -> int:
+    return max(_rank_sums(layout.schedule, layout.pp, [s.peak_memory_bytes for s in layout.stages]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+
+
+def plan(
+    profile: ModelProfile,
+    *,
+    world_size: int,
+    global_batch: int,
+    device_memory_bytes: int,
+    pp: int | str = "auto",
+    schedule: str = "auto",
+    num_microbatches: int | None = None,
+    stage_cuts: Sequence[int] | None = None,
+) -> tuple[Layout, list[Layout]]:
+    """Evaluate every candidate (pp over divisors of world_size up to the number of blocks, each
+    schedule, every micro-batch count dividing the per-replica batch), restricted to the explicit
+    arguments, and choose the fitting one with the lowest predicted step time (ties: smaller pp, then
+    1f1b before gpipe, then fewer micro-batches, i.e. larger and more efficient ones).
+    Returns (chosen, all candidates sorted: fitting first, best first)."""
+    _require_positive(world_size=world_size, global_batch=global_batch, device_memory_bytes=device_memory_bytes)
+    layouts, errors = _enumerate(profile, world_size, global_batch, device_memory_bytes, pp, schedule,
+                                 num_microbatches, stage_cuts)
+    if not layouts:
+        raise errors[0]
+    fitting = [c for c in layouts if c.fits]
+    if not fitting:
+        raise _no_fit_error(profile, layouts, world_size, global_batch, device_memory_bytes, schedule,
+                            num_microbatches)
+    best = min(fitting, key=_rank_key)
+    annotated = [_annotate(c, best, len(fitting), len(layouts), device_memory_bytes) for c in layouts]
+    chosen = annotated[layouts.index(best)]
+    return chosen, sorted(annotated, key=lambda c: (not c.fits, _rank_key(c)))
+
+
+def _enumerate(
+    profile: ModelProfile, world_size: int, global_batch: int, device_memory_bytes: int,
+    pp: int | str, schedule: str, num_microbatches: int | None, stage_cuts: Sequence[int] | None,
+) -> tuple[list[Layout], list[PlanError]]:
+    """All valid candidates, and the PlanErrors of the combinations torch or the batch would reject."""
+    num_blocks = len(profile.blocks)
+    pps = [d for d in _divisors(world_size) if d <= num_blocks] if pp == "auto" else [pp]
+    layouts, errors = [], []
+    for p in pps:
+        for s in _schedules_for(schedule, p):
+            try:
+                _check_mesh(num_blocks, world_size, p, s)
+            except PlanError as error:
+                errors.append(error)
+                continue
+            dp = world_size // p
+            counts = [num_microbatches] if num_microbatches is not None else _divisors(max(1, global_batch // dp))
+            for m in counts:
+                try:
+                    layouts.append(evaluate(
+                        profile, world_size=world_size, pp=p, schedule=s, global_batch=global_batch,
+                        device_memory_bytes=device_memory_bytes, num_microbatches=m, stage_cuts=stage_cuts,
+                    ))
+                except PlanError as error:
+                    errors.append(error)
+    return layouts, errors
+
+
+def _schedules_for(schedule: str, pp: int) -> tuple[str, ...]:
+    if schedule != "auto":
+        return (schedule,)
+    # Without a pipeline every schedule is plain gradient accumulation: list it once.
+    return ("1f1b",) if pp == 1 else SCHEDULES
+
+
+def _rank_key(layout: Layout) -> tuple:
+    # Rounded to the nanosecond so float noise does not beat the tie-break.
+    return (round(layout.predicted_step_s, 9), layout.pp, _PREFERENCE.index(layout.schedule),
+            layout.num_microbatches)
+
+
+def _annotate(layout: Layout, best: Layout, n_fit: int, n_all: int, device_memory_bytes: int) -> Layout:
+    if layout == best:
+        why = (f"chosen: lowest predicted step time ({1e3 * layout.predicted_step_s:.1f} ms) of the {n_fit} "
+               f"layouts that fit in {_mib(device_memory_bytes)} MiB ({n_all} evaluated)")
+    elif not layout.fits:
+        why = layout.reason
+    elif _rank_key(layout)[0] == _rank_key(best)[0]:
+        why = "fits, same predicted time as the chosen; lost the tie-break (smaller pp, 1f1b, fewer micro-batches)"
+    else:
+        slower = layout.predicted_step_s / best.predicted_step_s - 1
+        why = f"fits, but predicted {100 * slower:.1f}% slower than the chosen layout"
+    return replace(layout, reason=why)
+
+
+def _no_fit_error(
+    profile: ModelProfile, layouts: list[Layout], world_size: int, global_batch: int, device_memory_bytes: int,
+    schedule: str, num_microbatches: int | None,
+) -> PlanError:
+    leanest = min(layouts, key=_max_rank_memory)
+    lines = [
+        f"no layout fits in {_mib(device_memory_bytes)} MiB per device with world_size={world_size} and "
+        f"global_batch={global_batch}: the leanest ({_describe(leanest)}) needs "
+        f"{_mib(_max_rank_memory(leanest))} MiB on its fullest rank. What would fit:",
+        _more_workers_hint(profile, world_size, global_batch, device_memory_bytes, schedule, num_microbatches),
+        _micro_batch_hint(profile, layouts, world_size, global_batch, device_memory_bytes, schedule, num_microbatches),
+        _checkpointing_hint(profile, leanest, device_memory_bytes),
+    ]
+    return PlanError("\n  - ".join(lines))
+
+
+def _more_workers_hint(
+    profile: ModelProfile, world_size: int, global_batch: int, device_memory_bytes: int, schedule: str,
+    num_microbatches: int | None,
+) -> str:
+    """Search the smallest worker count, from the current one up, for which some pp fits (keeping the
+    requested schedule and micro-batch count; pp is free because only pp splits the weights)."""
+    floor = max(_block_floor(profile, b) for b in profile.blocks)
+    if floor > device_memory_bytes:
+        return (f"more workers: no number helps, one block alone needs {_mib(floor)} MiB "
+                f"(params + grads + optimizer + activations of 1 sample)")
+    num_blocks = len(profile.blocks)
+    sizes = sorted({p * dp for p in range(1, num_blocks + 1) for dp in _divisors(global_batch)
+                    if p * dp >= world_size})
+    for size in sizes:
+        layouts, _ = _enumerate(profile, size, global_batch, device_memory_bytes, "auto", schedule,
+                                num_microbatches, None)
+        fitting = [c for c in layouts if c.fits]
+        if fitting:
+            best = min(fitting, key=_rank_key)
+            if size == world_size:
+                return f"more workers: not needed, the current {size} workers fit with {_describe(best)}"
+            return f"more workers: {size} workers would fit ({_describe(best)})"
+    return f"more workers: none up to {sizes[-1] if sizes else world_size} workers fits"
+
+
+def _block_floor(profile: ModelProfile, block: BlockProfile) -> float:
+    static = block.param_bytes * (2 + profile.optimizer_bytes_per_param_byte)
+    return static + block.activation_bytes / profile.micro_batch
+
+
+def _micro_batch_hint(
+    profile: ModelProfile, layouts: list[Layout], world_size: int, global_batch: int, device_memory_bytes: int,
+    schedule: str, num_microbatches: int | None,
+) -> str:
+    if num_microbatches is None:
+        sizes = sorted({c.micro_batch for c in layouts})
+        return f"a smaller micro-batch: does not help, micro-batches of {sizes[0]}..{sizes[-1]} samples were all tried"
+    alternatives, _ = _enumerate(profile, world_size, global_batch, device_memory_bytes, "auto", schedule, None, None)
+    fitting = [c for c in alternatives if c.fits]
+    if not fitting:
+        return f"a smaller micro-batch: none fits on {world_size} workers"
+    best = min(fitting, key=_rank_key)
+    return f"a smaller micro-batch: micro_batch={best.micro_batch} fits ({_describe(best)})"
+
+
+def _checkpointing_hint(profile: ModelProfile, layout: Layout, device_memory_bytes: int) -> str:
+    bounds = _stage_bounds(layout.stage_cuts, len(profile.blocks))
+    scale = layout.micro_batch / profile.micro_batch
+    memory = _stage_memory(profile, layout.schedule, layout.pp, layout.num_microbatches, scale, bounds,
+                           checkpoint=True)
+    after = max(_rank_sums(layout.schedule, layout.pp, memory))
+    before = _max_rank_memory(layout)
+    extra = sum(b.fwd_s for b in profile.blocks) / sum(_block_costs(profile))
+    verdict = "fits" if after <= device_memory_bytes else "still does not fit"
+    return (f"activation checkpointing (keep block outputs, recompute in backward, ~{100 * extra:.0f}% more "
+            f"compute): {_describe(layout)} would drop from {_mib(before)} to {_mib(after)} MiB "
+            f"(saves {_mib(before - after)} MiB), {verdict}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def format_table(candidates: list[Layout], chosen: Layout) -> str:
+    """Plain-text table for `raydl plan`, chosen row marked with '*', then why it was chosen."""
+    header = ("", "dp", "pp", "schedule", "m", "micro", "stage cuts", "step ms", "bubble %", "MiB/rank", "fits")
+    rows = [header] + [_row(c, c == chosen) for c in candidates]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    text_columns = (0, 3, 6)
+    lines = [
+        "  ".join(cell.ljust(w) if i in text_columns else cell.rjust(w)
+                  for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    ]
+    lines.append(f"* {_describe(chosen)}: {chosen.reason}")
+    return "\n".join(lines)
+
+
+def _row(layout: Layout, is_chosen: bool) -> tuple[str, ...]:
+    return (
+        "*" if is_chosen else "",
+        str(layout.dp),
+        str(layout.pp),
+        layout.schedule,
+        str(layout.num_microbatches),
+        str(layout.micro_batch),
+        _format_cuts(layout.stage_cuts),
+        f"{1e3 * layout.predicted_step_s:.1f}",
+        f"{100 * layout.bubble_fraction:.1f}",
+        f"{_mib(_max_rank_memory(layout))}",
+        "yes" if layout.fits else "no",
+    )
+
+
+def _format_cuts(cuts: tuple[int, ...]) -> str:
+    if not cuts:
+        return "-"
+    if len(cuts) <= 6:  # long cut lists (32-stage pipelines) would swamp the table
+        return ",".join(map(str, cuts))
+    return f"{cuts[0]},{cuts[1]},{cuts[2]},...,{cuts[-1]} ({len(cuts)} cuts)"
+
+
+def _describe(layout: Layout) -> str:
+    return (f"dp={layout.dp} pp={layout.pp} {layout.schedule} m={layout.num_microbatches} "
+            f"micro_batch={layout.micro_batch}")
+
+
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / _MIB:,.1f}"
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})

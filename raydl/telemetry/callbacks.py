@@ -1,0 +1,35 @@
+"""Ray Train controller-side callback: worker reports -> metrics.jsonl, progress line, summary.json.
+
+Runs in the Train controller actor, which Ray pins to the driver's node, so it writes
+into the run directory the driver created.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.train import Checkpoint
+from ray.train.v2.api.callback import UserCallback
+
+from raydl.telemetry.metrics import MetricsWriter
+
+
+class MetricsCallback(UserCallback):
+    def __init__(self, run_dir: str, progress: bool):
+        self.run_dir, self.progress = run_dir, progress
+        self.writer: MetricsWriter | None = None
+        self.pending_cause: str | None = None
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+        if self.writer is None:
+            self.writer = MetricsWriter(self.run_dir, progress=self.progress)
+        rank0 = dict(metrics[0])
+        if self.pending_cause:
+            rank0["restart_cause"], self.pending_cause = self.pending_cause, None
+        self.writer.write(rank0, world_size=len(metrics), checkpoint=checkpoint.path if checkpoint else None)
+        if rank0.get("final"):
+            self.writer.write_summary(rank0["final_info"])
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        rank, error = next(iter(worker_exceptions.items()))
+        self.pending_cause = f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"

@@ -1,0 +1,123 @@
+"""Per-step metrics on the worker, and the writer that turns reports into metrics.jsonl + progress.
+
+Workers time each step and report every `telemetry.report_every` steps (Ray caps reports at
+about one per controller poll). The writer runs where the run directory is: in the Ray
+Train controller (a UserCallback, pinned to the driver's node) or in the rank-0 torchrun
+process. It also keeps the run's record: world sizes, layouts and restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: str | Path, *, progress: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.progress = progress
+        self.records: list[dict[str, Any]] = []
+        self.world_sizes: list[int] = []
+        self.layouts: list[dict[str, Any]] = []
+        self.restarts: list[dict[str, Any]] = []
+        self.last_checkpoint: str | None = None
+        self.tb = None
+
+    def write(self, report: dict[str, Any], *, world_size: int, checkpoint: str | None = None) -> None:
+        records = report.get("records", [])
+        if records and self.records and records[0]["step"] <= self.records[-1]["step"]:
+            # The group restarted from a checkpoint: these steps are being redone.
+            self.restarts.append({"cause": report.get("restart_cause", "worker group restart"),
+                                  "step": self.records[-1]["step"], "resumed_from_step": records[0]["step"] - 1,
+                                  "steps_redone": self.records[-1]["step"] - records[0]["step"] + 1})
+        if world_size not in self.world_sizes:
+            self.world_sizes.append(world_size)
+        self._note_layout(report.get("layout"), records)
+        with self.path.open("a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        self.records.extend(records)
+        if checkpoint:
+            self.last_checkpoint = checkpoint
+        if records and self.progress:
+            self._print_progress(records[-1], report.get("total_steps"))
+
+    def _note_layout(self, layout: dict[str, Any] | None, records: list[dict[str, Any]]) -> None:
+        if not layout or not records:
+            return
+        current = {k: layout[k] for k in ("world_size", "dp", "pp", "num_microbatches", "micro_batch", "schedule")}
+        if not self.layouts or {k: self.layouts[-1][k] for k in current} != current:
+            self.layouts.append({**current, "from_step": records[0]["step"], "to_step": records[-1]["step"]})
+        self.layouts[-1]["to_step"] = records[-1]["step"]
+
+    def _print_progress(self, r: dict[str, Any], total: int | None) -> None:
+        eta = ""
+        if total and r.get("step_s"):
+            eta = f" eta {max(0, total - r['step']) * statistics.median(x['step_s'] for x in self.records[-20:]):.0f}s"
+        print(f"[raydl] step {r['step']}/{total} loss {r['loss']:.4f} lr {r['lr']:.2e} "
+              f"{r['samples_per_s']:.0f} samples/s data-wait {100 * r['data_wait_frac']:.1f}% "
+              f"ws {r['world_size']}{eta}", file=sys.stderr, flush=True)
+
+    def summary(self, final: dict[str, Any]) -> dict[str, Any]:
+        recs = self.records
+        steady = [r["samples_per_s"] for r in recs[len(recs) // 5:]] or [r["samples_per_s"] for r in recs]
+        wait = [r["data_wait_frac"] for r in recs[len(recs) // 5:]] or [0.0]
+        return {
+            "steps": recs[-1]["step"] if recs else 0,
+            "samples": final.get("samples", 0),
+            "first_loss": recs[0]["loss"] if recs else None,
+            "final_loss": recs[-1]["loss"] if recs else None,
+            "eval": final.get("eval", {}),
+            "samples_per_s": statistics.median(steady) if steady else 0.0,
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs[len(recs) // 5:]) if recs else 0.0,
+            "data_wait_frac": statistics.median(wait),
+            "peak_memory_mb": max((r["peak_memory_mb"] for r in recs), default=0.0),
+            "world_sizes": self.world_sizes,
+            "layouts": self.layouts,
+            "restarts": self.restarts,
+            "precision": final.get("precision"),
+            "wall_s": final.get("wall_s"),
+            "checkpoint": self.last_checkpoint,
+        }
+
+    def write_summary(self, final: dict[str, Any]) -> dict[str, Any]:
+        summary = self.summary(final)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+
+class StepClock:
+    """Collects this worker's per-step records between two reports."""
+
+    def __init__(self):
+        self.pending: list[dict[str, Any]] = []
+        self.t_last = time.perf_counter()
+
+    def record(self, **fields: Any) -> None:
+        now = time.perf_counter()
+        step_s = now - self.t_last
+        self.t_last = now
+        fields["step_s"] = step_s
+        fields["data_wait_frac"] = fields["data_wait_s"] / step_s if step_s else 0.0
+        fields["samples_per_s"] = fields["samples"] / step_s
+        fields["tokens_per_s"] = fields["samples"] * fields.pop("units_per_sample") / step_s
+        self.pending.append(fields)
+
+    def drain(self) -> list[dict[str, Any]]:
+        out, self.pending = self.pending, []
+        return out

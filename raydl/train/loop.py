@@ -1,0 +1,146 @@
+"""The per-worker training loop, the same under Ray Train and under torchrun.
+
+    torchrun --nproc-per-node 2 -m raydl.worker --config my.yaml      # no Ray needed
+    raydl train --config my.yaml                                       # Ray Train runs train_worker
+
+Every worker-group start (first start, restart after a failure, resize) runs this from the
+top: read the world size, choose the layout, build the model for it, load the latest
+checkpoint into that layout, and continue the data sequence where the checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from raydl.config import JobConfig
+from raydl.data.dataset import check_task, open_dataset
+from raydl.data.loader import StepLoader, eval_batches
+from raydl.data.order import DataPosition
+from raydl.models.blocks import num_params
+from raydl.models.registry import get_spec
+from raydl.parallel.engine import build_engine
+from raydl.telemetry.metrics import StepClock, peak_memory_mb
+from raydl.telemetry.nvml import GpuMonitor
+from raydl.train import checkpoint as ckpt
+from raydl.train.optim import build_optimizer, lr_at, set_lr
+from raydl.train.precision import make_scaler
+from raydl.train.session import RaySession, TorchrunSession, in_ray
+from raydl.train.step import optimizer_step
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    samples: int = 0
+    position: DataPosition = DataPosition()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "samples": self.samples, "position": self.position.to_dict()}
+
+
+def seed_step(seed: int, step: int, rank: int) -> None:
+    """RNG as a pure function of (seed, step, rank): restarts replay it exactly, with no saved RNG state."""
+    torch.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
+
+
+def restore(session, job: dict, engine, optimizer, scaler, fingerprint) -> TrainerState:
+    with session.latest_checkpoint() as path:
+        path = path or job.get("resume_from")
+        if not path:
+            return TrainerState()
+        saved = ckpt.load(path, engine.model, optimizer, fingerprint)
+    if scaler and saved.get("scaler"):
+        scaler.load_state_dict(saved["scaler"])
+    if session.rank == 0:
+        print(f"[raydl] resumed from {path} at step {saved['step']}", flush=True)
+    return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
+
+
+def mean_over_loss_ranks(values: list[float], has_loss: bool, device: torch.device) -> list[float]:
+    """Average per-step losses over the ranks that computed one (all of DP; the last stage of PP)."""
+    t = torch.tensor([v if has_loss else 0.0 for v in values] + [float(has_loss)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t[:-1] / t[-1]).tolist()
+
+
+def train_worker(job: dict[str, Any]) -> dict[str, Any]:
+    t_start = time.time()
+    cfg = JobConfig.from_dict(job["config"])
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep)
+    spec = get_spec(cfg.model)
+    info = open_dataset(job["data_path"])
+    check_task(info, spec.task, spec.name)
+
+    torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
+    model = spec.build(cfg.model, info.meta)
+    fingerprint = {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
+                   "blocks": len(model.blocks)}
+    engine = build_engine(model, cfg, spec, session)
+    layout = engine.layout
+    optimizer = build_optimizer(engine.parameters(), cfg.train)
+    scaler = make_scaler(cfg.train.precision, session.device)
+    state = restore(session, job, engine, optimizer, scaler, fingerprint)
+
+    dp_rank = layout.coords(session.rank)[0]
+    loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
+                        seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
+                        prefetch=cfg.data.prefetch_batches)
+    total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
+    gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
+    clock, units = StepClock(), spec.units_per_sample(info.meta)
+    if session.rank == 0:
+        print(f"[raydl] world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
+              f"{fingerprint['params'] / 1e6:.2f}M params", flush=True)
+
+    def save(path: str) -> None:
+        ckpt.save(path, engine.model, optimizer, {**state.to_dict(), "model": fingerprint, "layout": layout.to_dict(),
+                                                  "scaler": scaler.state_dict() if scaler else None,
+                                                  "lr": lr_at(state.step, cfg.train, total_steps)}, rank=session.rank)
+
+    batches = iter(loader)
+    while state.step < total_steps:
+        batch = next(batches)
+        seed_step(cfg.train.seed, state.step, session.rank)
+        lr = lr_at(state.step, cfg.train, total_steps)
+        set_lr(optimizer, lr)
+        stats = engine.forward_backward(batch.tensors, scaler=scaler)
+        grad_norm = optimizer_step(optimizer, scaler, clip=engine.clip(cfg.train.grad_clip))
+        state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
+        clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr, grad_norm=grad_norm,
+                     data_wait_s=batch.wait_s, samples=layout.global_batch, units_per_sample=units,
+                     world_size=session.world_size, peak_memory_mb=peak_memory_mb(session.device),
+                     time=time.time(), **gpu.read())
+        if state.step % cfg.telemetry.report_every == 0 or state.step % cfg.checkpoint.every_steps == 0 \
+                or state.step == total_steps:
+            report(session, clock, stats.has_loss, layout, total_steps, checkpoint=
+                   save if state.step % cfg.checkpoint.every_steps == 0 or state.step == total_steps else None,
+                   step=state.step)
+
+    result = engine.evaluate(eval_batches(info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=layout.dp,
+                                          max_batches=cfg.train.eval_batches), precision=cfg.train.precision)
+    final = {"samples": state.samples, "eval": result, "precision": cfg.train.precision,
+             "wall_s": time.time() - t_start, "steps": state.step}
+    session.report({"records": [], "final": True, "final_info": final})
+    session.close()
+    return final
+
+
+def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, *, checkpoint, step: int) -> None:
+    """Report the steps since the last report (a barrier on every rank); with a checkpoint if due."""
+    records = clock.drain()
+    for r, loss in zip(records, mean_over_loss_ranks([r["loss"] for r in records], has_loss, session.device)):
+        r["loss"] = loss
+    metrics = {"records": records if session.rank == 0 else [], "layout": layout.to_dict(),
+               "total_steps": total_steps, "step": step}
+    if checkpoint:
+        session.save_and_report(step, metrics, checkpoint)
+    else:
+        session.report(metrics)
+

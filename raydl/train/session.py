@@ -1,0 +1,114 @@
+"""Where a worker runs: under Ray Train or under torchrun. The loop only sees this interface.
+
+Ray: ranks and the process group come from Ray Train; each rank writes its checkpoint
+shards to a local temp dir and `ray.train.report` uploads and registers them (all ranks
+must report: it is a barrier). torchrun: ranks come from the environment, raydl creates the
+process group, checkpoints are written straight into the shared run directory and the
+rank-0 process writes metrics itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from raydl.telemetry.metrics import MetricsWriter
+from raydl.train import checkpoint as ckpt
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+class RaySession:
+    def __init__(self):
+        import ray.train
+
+        self._train = ray.train
+        ctx = ray.train.get_context()
+        self.world_size, self.rank = ctx.get_world_size(), ctx.get_world_rank()
+        self.local_rank = ctx.get_local_rank()
+        self.device = pick_device(self.local_rank)
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        checkpoint = self._train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as d:
+            yield d
+
+    def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
+        from ray.train import Checkpoint
+
+        d = tempfile.mkdtemp(prefix="raydl-ckpt-")
+        try:
+            save_fn(d)
+            self._train.report(metrics, checkpoint=Checkpoint.from_directory(d),
+                               checkpoint_dir_name=ckpt.checkpoint_name(step))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        self._train.report(metrics)
+
+    def close(self) -> None:
+        pass
+
+
+class TorchrunSession:
+    def __init__(self, run_dir: str, keep: int):
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.rank = int(os.environ.get("RANK", 0))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = pick_device(self.local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        self.run_dir, self.keep = Path(run_dir), keep
+        self.writer = MetricsWriter(self.run_dir) if self.rank == 0 else None
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        latest = ckpt.find_latest(self.run_dir)
+        yield str(latest) if latest else None
+
+    def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
+        path = self.run_dir / "train" / ckpt.checkpoint_name(step)
+        save_fn(str(path))
+        dist.barrier()
+        if self.rank == 0:
+            complete = sorted(p for p in (self.run_dir / "train").glob("step_*") if ckpt.is_complete(p))
+            for old in complete[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.report(metrics, checkpoint=str(path))
+
+    def report(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
+        if self.writer:
+            self.writer.write(metrics, world_size=self.world_size, checkpoint=checkpoint)
+            if metrics.get("final"):
+                self.writer.write_summary(metrics["final_info"])
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def in_ray() -> bool:
+    try:
+        import ray.train
+
+        ray.train.get_context().get_world_size()
+        return True
+    except Exception:
+        return False
