@@ -90,7 +90,7 @@ def use_gpu(cfg: JobConfig) -> bool:
 
 
 def build_trainer(run: PreparedRun, *, callbacks=()):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raydl.telemetry.callbacks import MetricsCallback
@@ -113,6 +113,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             failure_config=FailureConfig(max_failures=s.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             callbacks=[MetricsCallback(str(run.run_dir), cfg.telemetry.progress), *callbacks],
+            # Ray logs every report's full metrics at INFO; raydl prints its own progress line.
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
 
