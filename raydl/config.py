@@ -61,6 +61,8 @@ class DataSection:
     shuffle: bool = _f(True, "Seeded shuffle that differs per epoch (same seed + epoch = same order).")
     max_bad_shards: int = _f(0, "Corrupt shards to skip (and count) before failing; 0 = fail on the first.")
     prefetch_batches: int = _f(2, "Batches each worker reads ahead so that reading overlaps compute.")
+    backend: str = _f("arrow", "Shard reader: arrow (pyarrow in each worker, fastest on small machines) or ray "
+                      "(Ray Data reads of the same windows; same exactly-once order).", choices=("arrow", "ray"))
 
 
 @dataclass(kw_only=True)

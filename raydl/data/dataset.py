@@ -36,6 +36,7 @@ class Shard:
     file: str          # path relative to the dataset root
     rows: int
     row_groups: tuple[int, ...]   # rows in each row group
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,35 +52,65 @@ class DatasetInfo:
         return pafs.FileSystem.from_uri(self.root) if "://" in self.root else (pafs.LocalFileSystem(), self.root)
 
 
+class ShardWriter:
+    """Writes a stream of tables as shards of `shard_rows` rows; holds at most one shard in memory."""
+
+    def __init__(self, root: Path, split: str, *, shard_rows: int):
+        self.root, self.split, self.shard_rows = root, split, shard_rows
+        self.shards: list[dict[str, Any]] = []
+        self.schema: pa.Schema | None = None
+        self._buffer: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        while table.num_rows:
+            take = min(self.shard_rows - self._rows, table.num_rows)
+            self._buffer.append(table.slice(0, take))
+            self._rows += take
+            table = table.slice(take)
+            if self._rows == self.shard_rows:
+                self._flush()
+
+    def close(self) -> list[dict[str, Any]]:
+        if self._rows:
+            self._flush()
+        return self.shards
+
+    def _flush(self) -> None:
+        table = pa.concat_tables(self._buffer)
+        self.schema = self.schema or table.schema
+        name = f"{self.split}-{len(self.shards):05d}.parquet"
+        pq.write_table(table, self.root / name, row_group_size=ROW_GROUP_ROWS)
+        groups = [min(ROW_GROUP_ROWS, table.num_rows - i) for i in range(0, table.num_rows, ROW_GROUP_ROWS)]
+        self.shards.append({"file": name, "rows": table.num_rows, "row_groups": groups,
+                            "sha256": file_sha256(self.root / name)})
+        self._buffer, self._rows = [], 0
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_split(root: Path, split: str, tables, *, shard_rows: int) -> list[dict[str, Any]]:
     """Write an iterable of tables as shards of `shard_rows` rows; returns manifest entries."""
-    shards, buffer, rows_buffered = [], [], 0
-
-    def flush():
-        nonlocal buffer, rows_buffered
-        table = pa.concat_tables(buffer)
-        name = f"{split}-{len(shards):05d}.parquet"
-        pq.write_table(table, root / name, row_group_size=ROW_GROUP_ROWS)
-        digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
-        groups = [min(ROW_GROUP_ROWS, table.num_rows - i) for i in range(0, table.num_rows, ROW_GROUP_ROWS)]
-        shards.append({"file": name, "rows": table.num_rows, "row_groups": groups, "sha256": digest})
-        buffer, rows_buffered = [], 0
-
+    writer = ShardWriter(root, split, shard_rows=shard_rows)
     for table in tables:
-        while table.num_rows:
-            take = min(shard_rows - rows_buffered, table.num_rows)
-            buffer.append(table.slice(0, take))
-            rows_buffered += take
-            table = table.slice(take)
-            if rows_buffered == shard_rows:
-                flush()
-    if rows_buffered:
-        flush()
-    return shards
+        writer.add(table)
+    return writer.close()
+
+
+def schema_dict(schema: pa.Schema) -> dict[str, str]:
+    return {f.name: str(f.type) for f in schema}
 
 
 def write_manifest(root: Path, meta: dict[str, Any], splits: dict[str, list[dict[str, Any]]]) -> None:
-    manifest = {"format": FORMAT, **meta,
+    first = next(s for shards in splits.values() for s in shards)
+    manifest = {"format": FORMAT, **meta, "schema": schema_dict(pq.read_schema(root / first["file"])),
+                "rows": sum(s["rows"] for v in splits.values() for s in v),
                 "splits": {k: {"rows": sum(s["rows"] for s in v), "shards": v} for k, v in splits.items()}}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
@@ -110,26 +141,86 @@ def resolve_path(cfg: JobConfig, task: str) -> str:
     return ensure_builtin(cfg, task) if cfg.data.path == "builtin" else cfg.data.path
 
 
+def _fs(path: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
+
+
+def is_parquet(fs: pafs.FileSystem, path: str) -> bool:
+    """Parquet files start and end with the magic bytes PAR1."""
+    size = fs.get_file_info(path).size or 0
+    if size < 8:
+        return False
+    with fs.open_input_file(path) as f:
+        head = f.read_at(4, 0)
+        tail = f.read_at(4, size - 4)
+    return head == tail == b"PAR1"
+
+
+def _not_a_dataset(path: str, fs: pafs.FileSystem, root: str, kind: pafs.FileType) -> DataError:
+    """The most helpful error for a data.path that has no manifest."""
+    if kind == pafs.FileType.File:
+        if is_parquet(fs, root):
+            return DataError(f"data.path '{path}' is a single parquet file, not a raydl dataset directory. Fix: "
+                             f"`raydl data prepare --from parquet {path} --out DIR`, then data.path=DIR.")
+        return DataError(f"data.path '{path}' is not parquet (no PAR1 magic bytes). Fix: convert it with "
+                         f"`raydl data prepare --from text|jsonl|images {path} --out DIR`, then data.path=DIR.")
+    entries = fs.get_file_info(pafs.FileSelector(root))
+    if not entries:
+        return DataError(f"data.path '{path}' is an empty directory. Fix: prepare a dataset into it with "
+                         f"`raydl data prepare ... --out {path}`, or point data.path at one.")
+    return DataError(f"data.path '{path}' has no manifest.json, so it is not a raydl dataset ({len(entries)} "
+                     f"entries, e.g. '{entries[0].base_name}'). Fix: convert it with `raydl data prepare --from "
+                     f"parquet|text|jsonl|images {path} --out DIR`, then data.path=DIR.")
+
+
 def open_dataset(path: str) -> DatasetInfo:
-    fs, root = pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
-    info = fs.get_file_info(root)
-    if info.type == pafs.FileType.NotFound:
+    fs, root = _fs(path)
+    kind = fs.get_file_info(root).type
+    if kind == pafs.FileType.NotFound:
         raise DataError(f"data.path '{path}' does not exist. Fix: point data.path at a dataset directory made by "
                         f"`raydl data prepare`, or use data.path=builtin.")
     manifest_path = f"{root.rstrip('/')}/manifest.json"
-    if fs.get_file_info(manifest_path).type == pafs.FileType.NotFound:
-        raise DataError(f"data.path '{path}' has no manifest.json, so it is not a raydl dataset. Fix: convert it "
-                        f"with `raydl data prepare --from parquet {path} --out DIR` (or text/jsonl/images).")
+    if kind != pafs.FileType.Directory or fs.get_file_info(manifest_path).type == pafs.FileType.NotFound:
+        raise _not_a_dataset(path, fs, root, kind)
     with fs.open_input_stream(manifest_path) as f:
-        manifest = json.loads(f.read())
-    splits = {name: tuple(Shard(s["file"], s["rows"], tuple(s["row_groups"])) for s in split["shards"])
-              for name, split in manifest.pop("splits").items()}
+        try:
+            manifest = json.loads(f.read())
+            splits = {name: tuple(Shard(s["file"], s["rows"], tuple(s["row_groups"]), s.get("sha256"))
+                                  for s in split["shards"])
+                      for name, split in manifest.pop("splits").items()}
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"'{manifest_path}' is not a valid raydl manifest ({type(e).__name__}: {e}). Fix: "
+                            f"re-create the dataset with `raydl data prepare`.") from None
     if not splits.get("train"):
         raise DataError(f"dataset '{path}' has no rows in its train split. Fix: prepare it again with data in it.")
+    files = [f"{root.rstrip('/')}/{s.file}" for shards in splits.values() for s in shards]
+    missing = [i.path for i in fs.get_file_info(files) if i.type == pafs.FileType.NotFound]
+    if missing:
+        raise DataError(f"dataset '{path}' lists {len(missing)} shard(s) that do not exist, e.g. '{missing[0]}'. "
+                        f"Fix: restore the files, or re-create the dataset with `raydl data prepare`.")
+    if "schema" not in manifest:   # manifests written before raydl recorded it: read the first footer
+        with fs.open_input_file(files[0]) as f:
+            manifest["schema"] = schema_dict(pq.read_schema(f))
     return DatasetInfo(root=path, meta=manifest, splits=splits)
+
+
+# What each task's models read: columns (and manifest metadata the model is built from).
+REQUIRED = {"tokens": (("id", "input_ids", "labels"), ("vocab_size", "seq_len")),
+            "images": (("id", "image", "label"), ("num_classes", "image_shape"))}
 
 
 def check_task(info: DatasetInfo, task: str, model_name: str) -> None:
     if info.meta.get("task") != task:
         raise DataError(f"dataset '{info.root}' holds {info.meta.get('task')!r} data but model '{model_name}' "
                         f"trains on {task!r} data. Fix: use a {task} dataset or pick the matching model.name.")
+    columns, keys = REQUIRED[task]
+    schema = info.meta.get("schema", {})
+    missing = [c for c in columns if c not in schema]
+    if missing:
+        raise DataError(f"dataset '{info.root}' has no column(s) {', '.join(map(repr, missing))} that model "
+                        f"'{model_name}' needs (it has: {', '.join(schema) or 'no schema in manifest.json'}). Fix: "
+                        f"prepare it with `raydl data prepare --from ...`, which writes {', '.join(columns)}.")
+    missing = [k for k in keys if k not in info.meta]
+    if missing:
+        raise DataError(f"dataset '{info.root}' manifest.json lacks {', '.join(missing)}, which model "
+                        f"'{model_name}' is built from. Fix: re-create it with `raydl data prepare`.")

@@ -3,10 +3,17 @@
 It reads parquet row groups with pyarrow (local or remote filesystem), caches the window it
 is in, and yields `StepBatch`es carrying the data position *after* the step, which is what
 a checkpoint records. The time a step waits in `next()` is the data-wait metric.
+
+A shard that cannot be read fails the run with a DataError naming it (the last checkpoint
+stays valid), unless `data.max_bad_shards` allows skipping it: then its rows keep their
+places in the epoch sequence as masked placeholders (id -1, labels -100, which the losses
+ignore), so batch shapes and every other row's position stay the same on every rank and
+after any restart: the remaining rows are still consumed exactly once.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -18,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from raydl.data.dataset import DatasetInfo
+from raydl.data.dataset import DatasetInfo, schema_dict
+from raydl.data.ledger import Ledger
 from raydl.data.order import DataPosition, EpochOrder, RowGroup, rank_slice, steps_per_epoch
 from raydl.errors import DataError
 
@@ -28,6 +36,7 @@ class StepBatch:
     tensors: dict[str, torch.Tensor]   # this rank's rows: column -> (rows, ...) tensor
     position: DataPosition             # where the sequence stands after this step
     wait_s: float = 0.0
+    bad_shards: int = 0                # shards this rank has skipped so far (data.max_bad_shards)
 
 
 def to_tensors(table: pa.Table, meta: dict) -> dict[str, torch.Tensor]:
@@ -44,28 +53,103 @@ def to_tensors(table: pa.Table, meta: dict) -> dict[str, torch.Tensor]:
     return out
 
 
+_PREFETCHERS: list[tuple[threading.Event, threading.Thread]] = []
+
+
+@atexit.register
+def _stop_prefetchers() -> None:
+    """A prefetch thread still inside pyarrow at interpreter exit aborts the process
+    ("terminate called without an active exception"): stop and join them first."""
+    for stop, thread in _PREFETCHERS:
+        stop.set()
+    for _, thread in _PREFETCHERS:
+        thread.join(timeout=10)
+
+
+IGNORE_LABEL = -100   # the losses' ignore_index: placeholder rows add nothing to loss or gradient
+
+
 class SplitReader:
     """Random access to a split's rows in one epoch's order, one window in memory at a time."""
 
-    def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool):
+    def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0):
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
         self.shards = info.splits[split]
         self.row_groups = tuple(RowGroup(s, i, n) for s, shard in enumerate(self.shards)
                                 for i, n in enumerate(shard.row_groups))
         self.fs, self.root = info.filesystem()
+        self.max_bad_shards = max_bad_shards
+        self.bad_shards: set[str] = set()
+        self.schema: pa.Schema | None = None      # of the first shard read; every other must match
         self._cache: tuple[tuple[int, int], pa.Table] | None = None
+        self._order: EpochOrder | None = None
+        self._file: tuple[str, pq.ParquetFile] | None = None    # the shard last read, kept open
 
     def order(self, epoch: int) -> EpochOrder:
-        return EpochOrder(self.row_groups, self.seed, epoch, self.shuffle)
+        if self._order is None or self._order.epoch != epoch:     # keep its cached permutations
+            self._order = EpochOrder(self.row_groups, self.seed, epoch, self.shuffle)
+        return self._order
 
     def _read_row_group(self, g: RowGroup) -> pa.Table:
         path = f"{self.root.rstrip('/')}/{self.shards[g.shard].file}"
+        if path in self.bad_shards:
+            return self._placeholder(g.rows)
         try:
-            with self.fs.open_input_file(path) as f:
-                return pq.ParquetFile(f).read_row_group(g.index)
+            table = self._open(path).read_row_group(g.index, use_threads=False)
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"shard '{path}' (row group {g.index}) cannot be read: {e}. Fix: re-create the dataset "
-                            f"with `raydl data prepare`, or remove the shard and its manifest entry.") from None
+            return self._skip(path, g, e)
+        self._check_schema(path, table.schema)
+        return table
+
+    def _open(self, path: str) -> pq.ParquetFile:
+        if self._file is None or self._file[0] != path:
+            self._file = (path, pq.ParquetFile(self.fs.open_input_file(path)))
+        return self._file[1]
+
+    def _check_schema(self, path: str, schema: pa.Schema) -> None:
+        expected = self.info.meta["schema"]
+        if schema_dict(schema) != expected:
+            diff = sorted(set(schema_dict(schema).items()) ^ set(expected.items()))
+            raise DataError(f"shard '{path}' has a different schema from the one in '{self.root}/manifest.json' "
+                            f"(differing fields: {', '.join(f'{k}: {v}' for k, v in diff)}). Fix: re-create the "
+                            f"dataset with `raydl data prepare`, which writes one schema for all shards.")
+        self.schema = self.schema or schema.remove_metadata()
+
+    def _skip(self, path: str, g: RowGroup, error: Exception) -> pa.Table:
+        if len(self.bad_shards) >= self.max_bad_shards:
+            raise DataError(f"shard '{path}' (row group {g.index}) cannot be read: {error}. Skipped so far: "
+                            f"{len(self.bad_shards)}, data.max_bad_shards={self.max_bad_shards}. Fix: re-create the "
+                            f"dataset with `raydl data prepare`, or raise data.max_bad_shards to skip bad shards "
+                            f"(their rows are left out).")
+        print(f"[raydl] skipping unreadable shard '{path}' ({len(self.bad_shards) + 1}/{self.max_bad_shards} "
+              f"allowed by data.max_bad_shards): {error}", flush=True)
+        self.bad_shards.add(path)
+        return self._placeholder(g.rows)
+
+    def _placeholder(self, rows: int) -> pa.Table:
+        if self.schema is None:    # nothing read yet: take the schema from any readable shard's footer
+            self.schema = self._any_schema()
+        columns = {}
+        for field in self.schema:
+            fill = -1 if field.name == "id" else IGNORE_LABEL if field.name in ("label", "labels") else 0
+            if pa.types.is_fixed_size_list(field.type):
+                n = field.type.list_size
+                values = pa.array(np.full(rows * n, fill), field.type.value_type)
+                columns[field.name] = pa.FixedSizeListArray.from_arrays(values, n)
+            else:
+                columns[field.name] = pa.array(np.full(rows, fill), field.type)
+        return pa.table(columns, schema=self.schema)
+
+    def _any_schema(self) -> pa.Schema:
+        for shard in self.shards:
+            path = f"{self.root.rstrip('/')}/{shard.file}"
+            try:
+                with self.fs.open_input_file(path) as f:
+                    return pq.read_schema(f).remove_metadata()
+            except (OSError, pa.ArrowException):
+                self.bad_shards.add(path)
+        raise DataError(f"no shard of the {self.split} split of '{self.root}' can be read. Fix: re-create the "
+                        f"dataset with `raydl data prepare`.")
 
     def _window(self, order: EpochOrder, window: int) -> pa.Table:
         key = (order.epoch, window)
@@ -86,12 +170,23 @@ class SplitReader:
         return pa.concat_tables(parts)
 
 
+def make_reader(info: DatasetInfo, split: str, *, backend: str, **kw) -> SplitReader:
+    """data.backend: arrow (pyarrow in this process) or ray (Ray Data reads, raydl.data.ray_source)."""
+    if backend == "ray":
+        from raydl.data.ray_source import RaySplitReader
+
+        return RaySplitReader(info, split, **kw)
+    return SplitReader(info, split, **kw)
+
+
 class StepLoader:
     """Yields this rank's slice of every global step from `position` on, for `max_epochs` (0 = forever)."""
 
     def __init__(self, info: DatasetInfo, *, global_batch: int, dp_rank: int, dp_size: int, seed: int,
-                 shuffle: bool, position: DataPosition, prefetch: int = 2, split: str = "train"):
-        self.reader = SplitReader(info, split, seed=seed, shuffle=shuffle)
+                 shuffle: bool, position: DataPosition, prefetch: int = 2, split: str = "train",
+                 max_bad_shards: int = 0, backend: str = "arrow"):
+        self.reader = make_reader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards,
+                                  backend=backend)
         self.meta = info.meta
         self.global_batch, self.dp_rank, self.dp_size = global_batch, dp_rank, dp_size
         self.position = position
@@ -100,6 +195,8 @@ class StepLoader:
         if self.steps_per_epoch == 0:
             raise DataError(f"the {split} split has {self.reader.order(0).num_rows} rows, fewer than one global batch "
                             f"({global_batch}). Fix: lower train.global_batch_size or add data.")
+        self.ledger = Ledger(dp_rank=dp_rank, dp_size=dp_size, start=position, steps_per_epoch=self.steps_per_epoch,
+                             global_batch=global_batch)
 
     def _produce(self) -> Iterator[StepBatch]:
         epoch, offset = self.position.epoch, self.position.offset
@@ -111,7 +208,7 @@ class StepLoader:
             start, end = rank_slice(offset, global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size)
             tensors = to_tensors(self.reader.rows(order, start, end), self.meta)
             offset += self.global_batch
-            yield StepBatch(tensors, DataPosition(epoch, offset))
+            yield StepBatch(tensors, DataPosition(epoch, offset), bad_shards=len(self.reader.bad_shards))
 
     def __iter__(self) -> Iterator[StepBatch]:
         if self.prefetch == 0:
@@ -136,25 +233,29 @@ class StepLoader:
 
         thread = threading.Thread(target=work, daemon=True, name="raydl-prefetch")
         thread.start()
+        _PREFETCHERS.append((stop, thread))
         try:
             yield from self._timed(iter(q.get, None))
         finally:
             stop.set()
+            thread.join(timeout=10)
+            _PREFETCHERS.remove((stop, thread))
 
-    @staticmethod
-    def _timed(items) -> Iterator[StepBatch]:
+    def _timed(self, items) -> Iterator[StepBatch]:
         while True:
             t0 = time.perf_counter()
             item = next(items)
             if isinstance(item, BaseException):
                 raise item
             item.wait_s = time.perf_counter() - t0
+            self.ledger.record(item.position, item.tensors["id"])
             yield item
 
 
-def eval_batches(info: DatasetInfo, *, batch: int, dp_rank: int, dp_size: int, max_batches: int) -> Iterator[dict]:
+def eval_batches(info: DatasetInfo, *, batch: int, dp_rank: int, dp_size: int, max_batches: int,
+                 max_bad_shards: int = 0) -> Iterator[dict]:
     """The first `max_batches` micro-batches of this rank's share of the eval split, in file order."""
-    reader = SplitReader(info, "eval", seed=0, shuffle=False)
+    reader = SplitReader(info, "eval", seed=0, shuffle=False, max_bad_shards=max_bad_shards)
     order = reader.order(0)
     per_step = batch * dp_size
     for i in range(min(max_batches, order.num_rows // per_step)):

@@ -52,8 +52,9 @@ def batch_split(*, global_batch: int, micro_batch: int, dp: int, strict: bool,
     per_replica = global_batch // dp
     if num_microbatches:
         m = num_microbatches
-    else:
-        m = math.ceil(per_replica / micro_batch)
+    else:   # fewest micro-batches of at most micro_batch samples that cover the most of per_replica
+        first = max(1, math.ceil(per_replica / micro_batch))
+        m = max(range(first, max(first, per_replica) + 1), key=lambda k: (k * (per_replica // k), -k))
     micro = per_replica // m
     if micro == 0:
         raise LayoutError(f"parallel.num_microbatches={m} is more than the {per_replica} samples each of the {dp} "

@@ -53,7 +53,7 @@ from raydl.errors import LayoutError
 
 __all__ = [
     "SCHEDULES", "BlockProfile", "ModelProfile", "StagePrediction", "Layout", "PlanError",
-    "balanced_cuts", "bubble_fraction", "validate_layout", "evaluate", "plan", "format_table",
+    "balanced_cuts", "bubble_fraction", "validate_layout", "validate_stage_cuts", "evaluate", "plan", "format_table",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
@@ -194,6 +194,12 @@ def validate_layout(
     _check_schedule_constraints(schedule, pp, num_microbatches)
     if stage_cuts is not None:
         _check_cuts(tuple(stage_cuts), num_blocks, pp, schedule)
+
+
+def validate_stage_cuts(stage_cuts: Sequence[int], *, num_blocks: int, pp: int, schedule: str) -> None:
+    """Raise PlanError for manual cuts that do not fit pp x stages-per-rank stages of num_blocks blocks."""
+    _check_schedule_name(schedule)
+    _check_cuts(tuple(stage_cuts), num_blocks, pp, schedule)
 
 
 def _require_positive(**values: int) -> None:

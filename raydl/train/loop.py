@@ -10,6 +10,7 @@ checkpoint into that layout, and continue the data sequence where the checkpoint
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -91,7 +92,8 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     dp_rank = layout.coords(session.rank)[0]
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
                         seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
-                        prefetch=cfg.data.prefetch_batches)
+                        prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
+                        backend=cfg.data.backend)
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
     clock, units = StepClock(), spec.units_per_sample(info.meta)
@@ -104,6 +106,11 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
                                                   "scaler": scaler.state_dict() if scaler else None,
                                                   "lr": lr_at(state.step, cfg.train, total_steps)}, rank=session.rank)
 
+    def evaluate() -> dict[str, float]:
+        return engine.evaluate(eval_batches(info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=layout.dp,
+                                            max_batches=cfg.train.eval_batches, max_bad_shards=cfg.data.max_bad_shards),
+                               precision=cfg.train.precision)
+
     batches = iter(loader)
     while state.step < total_steps:
         batch = next(batches)
@@ -114,17 +121,20 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
         grad_norm = optimizer_step(optimizer, scaler, clip=engine.clip(cfg.train.grad_clip))
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
         clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr, grad_norm=grad_norm,
-                     data_wait_s=batch.wait_s, samples=layout.global_batch, units_per_sample=units,
+                     data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, samples=layout.global_batch,
+                     units_per_sample=units,
                      world_size=session.world_size, peak_memory_mb=peak_memory_mb(session.device),
                      time=time.time(), **gpu.read())
+        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < total_steps:
+            t_eval = time.perf_counter()   # eval_s lets readers take eval time out of the next step's step_s
+            clock.pending[-1].update(eval_loss=evaluate()["loss"], eval_s=time.perf_counter() - t_eval)
         if state.step % cfg.telemetry.report_every == 0 or state.step % cfg.checkpoint.every_steps == 0 \
                 or state.step == total_steps:
             report(session, clock, stats.has_loss, layout, total_steps, checkpoint=
                    save if state.step % cfg.checkpoint.every_steps == 0 or state.step == total_steps else None,
                    step=state.step)
 
-    result = engine.evaluate(eval_batches(info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=layout.dp,
-                                          max_batches=cfg.train.eval_batches), precision=cfg.train.precision)
+    result = evaluate()
     final = {"samples": state.samples, "eval": result, "precision": cfg.train.precision,
              "wall_s": time.time() - t_start, "steps": state.step}
     session.report({"records": [], "final": True, "final_info": final})
@@ -137,6 +147,9 @@ def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, 
     records = clock.drain()
     for r, loss in zip(records, mean_over_loss_ranks([r["loss"] for r in records], has_loss, session.device)):
         r["loss"] = loss
+        if not math.isfinite(loss):   # every rank sees the same mean, so all ranks stop here together
+            raise FloatingPointError(f"training diverged: loss is {loss} at step {r['step']} (lr {r['lr']:.3g}). "
+                                     "Fix: lower train.lr, raise train.warmup_steps, or use bf16 instead of fp16")
     metrics = {"records": records if session.rank == 0 else [], "layout": layout.to_dict(),
                "total_steps": total_steps, "step": step}
     if checkpoint:

@@ -73,7 +73,8 @@ class TorchrunSession:
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.device = pick_device(self.local_rank)
-        if not dist.is_initialized():
+        self.owns_group = not dist.is_initialized()   # a caller's group is the caller's to close
+        if self.owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.run_dir, self.keep = Path(run_dir), keep
         self.writer = MetricsWriter(self.run_dir) if self.rank == 0 else None
@@ -100,7 +101,7 @@ class TorchrunSession:
                 self.writer.write_summary(metrics["final_info"])
 
     def close(self) -> None:
-        if dist.is_initialized():
+        if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
 

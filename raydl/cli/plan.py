@@ -1,0 +1,44 @@
+"""raydl plan: profile the configured model on this device and print the planner's candidate layouts.
+
+    raydl plan --workers 4
+    raydl plan --workers 8 --memory-gb 16 --set model.size=small
+    raydl plan --workers 2 --set parallel.pp_degree=2 --set parallel.schedule=zbv   # check one layout
+"""
+
+from __future__ import annotations
+
+from raydl.cli.common import add_config_args, config_from_args, parser_kwargs
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", **parser_kwargs("Profile the model here and show the dp x pp layouts the planner considers."))
+    add_config_args(p)
+    p.add_argument("--workers", type=int, required=True, help="World size to plan for.")
+    p.add_argument("--memory-gb", type=float, help="Memory per worker in GiB (default: this GPU's, or RAM / workers).")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from raydl.data.dataset import check_task, open_dataset, resolve_path
+    from raydl.models.registry import get_spec
+    from raydl.parallel import autoplan, planner
+
+    if not any(o.startswith("parallel.pp_degree=") for o in args.overrides):
+        args.overrides = ["parallel.pp_degree=auto", *args.overrides]   # list every pp unless one is asked for
+    cfg = config_from_args(args)
+    spec = get_spec(cfg.model)
+    info = open_dataset(resolve_path(cfg, spec.task))
+    check_task(info, spec.task, spec.name)
+    torch.manual_seed(cfg.train.seed)
+    model = spec.build(cfg.model, info.meta)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else autoplan.device_memory_bytes(device, args.workers)
+    profile = autoplan.profile_model(model, spec, micro_batch=cfg.train.micro_batch_size,
+                                     precision=cfg.train.precision, device=device)
+    chosen, candidates = autoplan.plan_layouts(profile, cfg, world_size=args.workers, memory_bytes=memory)
+    print(f"{len(profile.blocks)} blocks profiled on {device.type} at micro-batch {profile.micro_batch}; "
+          f"{memory / 2**30:.1f} GiB per worker; micro-batches below {autoplan.min_micro_batch(cfg)} not chosen")
+    print(planner.format_table(candidates, chosen))
+    return 0

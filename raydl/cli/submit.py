@@ -1,0 +1,74 @@
+"""raydl submit: run `raydl train|sweep ...` as a Ray job on a cluster (Ray Job Submission API).
+
+    raydl submit --address http://HEAD:8265 [--token-file F] [--working-dir .] [--env K=V] [--pip req.txt]
+                 [--follow | --no-wait] -- train --config jobs/configs/gpt-small.yaml [--set k=v ...]
+
+The working directory (the raydl checkout) is zipped and uploaded; the job runs `python jobs/train.py ...`
+in it, so code and configs on the cluster are exactly what you have locally. Prints the job id on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from raydl import jobs
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help="Ray job server (dashboard) URL, e.g. http://127.0.0.1:8265; default: "
+                   f"RAY_API_SERVER_ADDRESS, an http RAY_ADDRESS, else {jobs.DEFAULT_ADDRESS}.")
+    p.add_argument("--token-file", help="File holding the cluster's auth token; default: RAY_AUTH_TOKEN, "
+                   "RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token.")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("submit", help="Submit a raydl train/sweep run to a Ray cluster as a Ray job.",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_connection_args(p)
+    p.add_argument("--working-dir", default=".", help="Directory to upload (the raydl checkout); .gitignore, "
+                   ".rayignore and --exclude apply, and runs/, .venv/, .git/, .raydl_data/ are never uploaded.")
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="Extra gitignore-style pattern not to upload; repeatable.")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="Env var for the job and its workers; repeatable. OMP_NUM_THREADS and ONEDNN_MAX_CPU_ISA "
+                   "are passed through when set here.")
+    p.add_argument("--pip", metavar="REQUIREMENTS", help="requirements.txt to install on the cluster for this job.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--follow", action="store_true", help="Stream the job's logs until it ends; exit 0 if it "
+                      "SUCCEEDED, 1 if it FAILED or was STOPPED.")
+    mode.add_argument("--no-wait", action="store_true", help="Return right after submission (default: wait until "
+                      "the job has started running, so that setup failures show up here).")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- train|sweep [args of that raydl command]")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    entry = jobs.entrypoint(command)
+    working_dir = Path(args.working_dir).resolve()
+    jobs.check_working_dir(working_dir, command)
+    renv = jobs.runtime_env(working_dir, env=jobs.parse_env(args.env), excludes=args.exclude, pip=args.pip)
+    size = jobs.check_package_size(working_dir, renv["excludes"])
+    client = jobs.Jobs(args.address, args.token_file)
+    t0 = time.monotonic()
+    job_id = client.submit(entry, renv, metadata={"raydl_command": command[0]})
+    say(f"submitted {job_id} to {client.address} ({size / 2**20:.1f} MiB uploaded in {time.monotonic() - t0:.1f} s): "
+        f"{entry}")
+    print(job_id, flush=True)
+    if args.no_wait:
+        return 0
+    if args.follow:
+        status = client.follow(job_id)
+        say(f"job {job_id} {status}")
+        return jobs.exit_code(status)
+    status = client.wait(job_id, {"RUNNING"} | jobs.TERMINAL)
+    say(f"job {job_id} {status} after {time.monotonic() - t0:.1f} s; logs: raydl jobs logs {job_id} --follow")
+    return jobs.exit_code(status) if status in {"FAILED", "STOPPED"} else 0
+
+
+def say(message: str) -> None:
+    """Human-readable progress goes to stderr; stdout carries only the job id (for scripts)."""
+    print(f"[raydl] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,74 @@
+"""raydl sweep: Ray Tune sweep over any config keys (default: batch size x precision), report + best.yaml.
+
+    raydl sweep                                   # batch sizes x {fp32, bf16 (+fp16 on GPU)}, tiny GPT, ~minutes
+    raydl sweep --config jobs/configs/sweep-default.yaml --set train.max_steps=50
+    raydl sweep --config sweep.yaml --address auto
+    raydl sweep --resume runs/sweep-20260101-120000
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raydl.overrides import read_yaml
+
+SWEEP_HELP = """sweep file (YAML):
+  base: {section: {key: value}}   training config every trial starts from (or base_config: FILE)
+  space: {section.key: VALUES}    [a, b] grid | choice([a, b]) | uniform(a, b) | loguniform(a, b) | randint(a, b)
+  objective: time_to_target       eval_loss (after sample_budget) | samples_per_s | time_to_target (needs target_loss)
+  target_loss: 1.8                target_metric: train_loss (mean of 10 steps) | eval_loss (needs train.eval_every)
+  lr_scaling: none                none | linear | sqrt: scale train.lr with global batch / base global batch
+  sample_budget: 0                samples per trial (max_steps = budget / batch); 0 = base max_steps * base batch
+  micro_batch: per_worker         per_worker: micro-batch = global batch / workers (no accumulation) | config
+  num_samples: 1                  repeats of the grid (random dimensions drawn anew)
+  max_concurrent_trials: 0        0 = as many as the cluster fits (1 CPU per trial driver + its workers)
+  asha: false                     true or {grace_samples: N, reduction_factor: 2}: stop bad trials early
+"""
+
+
+def register(sub) -> None:
+    import argparse
+
+    p = sub.add_parser("sweep", help="Sweep batch size, precision or any config key with Ray Tune.",
+                       description=__doc__, epilog=SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="Sweep YAML file (see below); default: the built-in batch x precision sweep.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="Override a field of the base training config; repeatable.")
+    p.add_argument("--address", help="Ray cluster to use (e.g. auto); default: start a local one.")
+    p.add_argument("--resume", metavar="SWEEP_DIR", help="Continue an interrupted sweep from its directory.")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from raydl.errors import ConfigError
+    from raydl.tune.space import default_sweep, parse_sweep
+    from raydl.tune.sweep import resume_sweep, run_sweep
+
+    if args.resume:
+        if args.config or args.overrides:
+            raise ConfigError("--resume", "is given with --config/--set", "a resumed sweep keeps its own config; "
+                              "drop --config and --set")
+        summary = resume_sweep(args.resume, address=args.address)
+    elif args.config:
+        spec = parse_sweep(read_yaml(args.config), base_dir=Path(args.config).parent, overrides=args.overrides)
+        summary = run_sweep(spec, address=args.address)
+    else:
+        spec = parse_sweep(default_sweep(gpu=_has_gpu(args.address)), overrides=args.overrides)
+        summary = run_sweep(spec, address=args.address)
+    interrupted = summary["not_started"] or any(r["status"] == "unfinished" for r in summary["trials"])
+    return 130 if interrupted else 0
+
+
+def _has_gpu(address: str | None) -> bool:
+    """fp16 joins the default sweep only where there are GPUs (CPU autocast fp16 is slow and unscaled)."""
+    if address:
+        import ray
+
+        from raydl.train.trainer import connect, ray_env
+        from raydl.config import JobConfig
+
+        connect(address, ray_env(JobConfig()))
+        return ray.cluster_resources().get("GPU", 0) > 0
+    import torch
+
+    return torch.cuda.is_available()

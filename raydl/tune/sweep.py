@@ -1,0 +1,292 @@
+"""`raydl sweep`: Ray Tune runs one full raydl training run per trial and reports which setting trains fastest.
+
+    raydl sweep                                   # default: batch sizes x {fp32, bf16 (+fp16 on GPU)}
+    raydl sweep --config sweep.yaml --address auto
+    raydl sweep --resume runs/sweep-20260101-120000
+
+A trial is a Tune function trainable that is a Ray Train *driver*: trial values ->
+`apply_overrides` -> `build_config` -> `prepare_run` -> `build_trainer(...).fit()`, the code
+path of `raydl train`, with `max_failures=0` so that a failure ends the trial (recorded as
+infeasible, with its reason) instead of retrying. Layout of a sweep directory:
+
+    sweep.yaml                      the sweep as parsed (what --resume reads back)
+    tune/                           the Tune experiment (Tuner.restore reads it)
+    trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint
+    results.csv results.json results.png best.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ray.tune import Callback
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from raydl.errors import ConfigError
+from raydl.overrides import apply_overrides, build_config
+from raydl.train import checkpoint as ckpt
+from raydl.tune import report
+from raydl.tune.space import SweepSpec, parse_sweep, trial_config, trial_cpus_gpus, trial_tree
+
+SWEEP_FILE, TUNE_DIR, TRIALS_DIR, COMPLETED_FILE = "sweep.yaml", "tune", "trials", "completed_trials.txt"
+
+
+class TrialReporter(TuneReportCallback):
+    """Forwards each rank-0 report to Tune as flat scalars computed over the whole trial so far.
+
+    Runs in the Train controller. `records` holds the steps of earlier attempts of this trial,
+    so a resumed trial still reports its true time to target and sample count.
+    """
+
+    def __init__(self, *, target: float | None, target_metric: str, records: list[dict[str, Any]]):
+        super().__init__()
+        self.target, self.target_metric, self.records = target, target_metric, list(records)
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        rank0 = metrics[0]
+        self.records = report.stitch([self.records, rank0.get("records", [])])
+        final = rank0.get("final_info") if rank0.get("final") else None
+        scalars = report.trial_metrics(self.records, final, target=self.target, target_metric=self.target_metric)
+        super().after_report(run_context, [scalars], checkpoint)
+
+
+def _attempts(trial_dir: Path) -> list[Path]:
+    return sorted(trial_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+def trial_history(trial_dir: Path) -> list[dict[str, Any]]:
+    return report.stitch([report.read_records(a) for a in _attempts(trial_dir)])
+
+
+def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str) -> None:
+    """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint."""
+    from ray import tune
+
+    from raydl.train.trainer import build_trainer, prepare_run
+
+    spec = parse_sweep(sweep)
+    trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()
+    attempts = _attempts(trial_dir)
+    resume_from = next((ckpt.find_latest(a) for a in reversed(attempts) if ckpt.find_latest(a)), None)
+    resumed_step = ckpt.read_state(resume_from)["step"] if resume_from else 0
+    tree = apply_overrides(trial_tree(spec, params), {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"),
+                                                      "scaling.max_failures": 0})
+    run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None)
+    prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
+    reporter = TrialReporter(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
+    build_trainer(run, callbacks=[reporter]).fit()   # raises on any worker failure -> trial ERROR
+
+
+def max_concurrent(spec: SweepSpec, cluster: dict[str, float], *, use_gpu: bool) -> int:
+    """Trials that fit the cluster at once (each holds 1 CPU for its driver + its workers), capped by the spec."""
+    cpus, gpus = trial_cpus_gpus(spec, use_gpu)
+    have_cpu, have_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    if cpus > have_cpu:
+        raise ConfigError("scaling.max_workers", f"gives trials that need {cpus:g} CPUs (1 for the trial driver + "
+                          f"the workers' scaling.cpus_per_worker) but the cluster has {have_cpu:g}",
+                          "lower base scaling.max_workers or scaling.cpus_per_worker, or use --address for a "
+                          "bigger cluster")
+    fit = int(have_cpu // cpus)
+    if gpus:
+        if gpus > have_gpu:
+            raise ConfigError("scaling.gpus_per_worker", f"gives trials that need {gpus:g} GPUs but the cluster "
+                              f"has {have_gpu:g}", "lower scaling.max_workers or scaling.gpus_per_worker")
+        fit = min(fit, int(have_gpu // gpus))
+    return min(fit, spec.max_concurrent_trials or fit)
+
+
+def _asha(spec: SweepSpec):
+    from ray.tune.schedulers import ASHAScheduler
+
+    if spec.asha is None:
+        return None
+    budget = spec.budget()
+    metric = "eval_loss" if spec.base_config().train.eval_every else "loss"
+    return ASHAScheduler(time_attr="samples", metric=metric, mode="min", max_t=budget,
+                         grace_period=spec.asha.grace_samples or max(1, budget // 8),
+                         reduction_factor=spec.asha.reduction_factor)
+
+
+class Progress(Callback):
+    """One line per trial start/end on the driver (Tune's own status table is turned off).
+
+    Also notes every trial Tune completed (finished or stopped by ASHA) in COMPLETED_FILE: a trial
+    that an interrupt cut short is stopped too, but without this call, so the file tells them apart.
+    """
+
+    def __init__(self, sweep_dir: Path):
+        self.completed = sweep_dir / COMPLETED_FILE
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        print(f"[raydl] trial {trial.trial_id} started: {_short(trial.config)}", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        with self.completed.open("a") as f:
+            f.write(trial.trial_id + "\n")
+        print(f"[raydl] trial {trial.trial_id} finished", flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        print(f"[raydl] trial {trial.trial_id} failed (recorded as infeasible)", flush=True)
+
+
+def _short(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
+                     for k, v in config.items())
+
+
+def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
+    """Tune runs trials in their own working directory: make the base config's local paths absolute."""
+    data = base.get("data") or {}
+    fixed = {f"data.{k}": str(Path(data[k]).resolve()) for k in ("cache_dir", "path")
+             if data.get(k) and data[k] != "builtin" and "://" not in str(data[k])}
+    if "cache_dir" not in data:
+        fixed["data.cache_dir"] = str(Path(build_config({}).data.cache_dir).resolve())
+    return apply_overrides(base, fixed)
+
+
+def prepare_data(spec: SweepSpec) -> None:
+    """Check (and for 'builtin', generate once) every dataset the trials use, before any trial starts."""
+    from raydl.data.dataset import check_task, open_dataset, resolve_path
+    from raydl.models.registry import get_spec
+    from raydl.tune.space import probe_points
+
+    seen = set()
+    for params in probe_points(spec):
+        cfg = trial_config(spec, params)
+        key = (cfg.model.name, json.dumps(cfg.data.__dict__, sort_keys=True, default=str), cfg.train.seed)
+        if key not in seen:
+            seen.add(key)
+            model_spec = get_spec(cfg.model)
+            check_task(open_dataset(resolve_path(cfg, model_spec.task)), model_spec.task, model_spec.name)
+
+
+def new_sweep_dir(spec: SweepSpec) -> Path:
+    base = spec.base_config()
+    sweep_dir = (Path(base.run.runs_dir) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=False)
+    return sweep_dir
+
+
+def _trainable(spec: SweepSpec, sweep_dir: Path):
+    from ray import tune
+
+    return tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir))
+
+
+def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int):
+    from ray import tune
+
+    return tune.Tuner(
+        _trainable(spec, sweep_dir),
+        param_space={d.path: d.tune_domain() for d in spec.space.values()},
+        tune_config=tune.TuneConfig(num_samples=spec.num_samples, max_concurrent_trials=concurrency,
+                                    scheduler=_asha(spec), trial_dirname_creator=lambda t: t.trial_id),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0, callbacks=[Progress(sweep_dir)]),
+    )
+
+
+def run_sweep(spec: SweepSpec, *, address: str | None = None) -> dict[str, Any]:
+    """Start a sweep: check data and resources, write sweep.yaml, run all trials, write the report."""
+    from raydl.train.trainer import connect, ray_env, use_gpu
+
+    spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
+    prepare_data(spec)
+    connect(address, ray_env(spec.base_config()))
+    import ray
+
+    concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
+    sweep_dir = new_sweep_dir(spec)
+    (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    print(f"[raydl] sweep directory: {sweep_dir} ({num_trials(spec)} trials, {concurrency} at a time)", flush=True)
+    return _finish(spec, sweep_dir, _tuner(spec, sweep_dir, concurrency))
+
+
+def resume_sweep(sweep_dir: str | Path, *, address: str | None = None) -> dict[str, Any]:
+    """Continue an interrupted sweep: finished and failed trials are kept, unfinished ones resume from checkpoints."""
+    from ray import tune
+
+    from raydl.train.trainer import connect, ray_env
+
+    sweep_dir = Path(sweep_dir).resolve()
+    if not (sweep_dir / SWEEP_FILE).is_file() or not tune.Tuner.can_restore(str(sweep_dir / TUNE_DIR)):
+        raise ConfigError("--resume", f"'{sweep_dir}' is not a sweep directory (needs {SWEEP_FILE} and {TUNE_DIR}/)",
+                          "pass the directory that `raydl sweep` printed as 'sweep directory'")
+    spec = parse_sweep(yaml.safe_load((sweep_dir / SWEEP_FILE).read_text()))
+    connect(address, ray_env(spec.base_config()))
+    print(f"[raydl] resuming sweep {sweep_dir}", flush=True)
+    tuner = tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=_trainable(spec, sweep_dir),
+                               resume_unfinished=True, resume_errored=False)
+    return _finish(spec, sweep_dir, tuner)
+
+
+def num_trials(spec: SweepSpec) -> int:
+    grid = math.prod(len(d.values) for d in spec.space.values() if d.kind == "grid")
+    return grid * spec.num_samples
+
+
+def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
+    t0 = time.time()
+    grid = tuner.fit()
+    completed_file = sweep_dir / COMPLETED_FILE
+    completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
+    rows = sorted((trial_row(spec, sweep_dir, r, completed) for r in grid), key=lambda r: r["trial"])
+    summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
+    summary["fit_s"] = time.time() - t0
+    return summary
+
+
+def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str]) -> dict[str, Any]:
+    trial_id = Path(result.path).name
+    params = {k: result.config[k] for k in spec.space}
+    cfg = trial_config(spec, params)
+    metrics = result.metrics or {}
+    if metrics.get("final"):
+        status, reason = "ok", ""
+    elif result.error is not None:
+        status, reason = "infeasible", report.failure_reason(result.error)
+    elif trial_id in completed:
+        status, reason = "stopped", "stopped early by ASHA"
+    else:
+        status, reason = "unfinished", "sweep interrupted; continue with --resume"
+    attempts = _attempts(sweep_dir / TRIALS_DIR / trial_id)
+    return {"trial": trial_id, "params": params, "batch": cfg.train.global_batch_size,
+            "precision": cfg.train.precision, "lr": cfg.train.lr, "status": status, "reason": reason,
+            **{k: metrics.get(k) for k in ("samples", "samples_per_s", "peak_memory_mb", "eval_loss",
+                                           "eval_accuracy", "time_to_target_s", "train_s")},
+            "steps": metrics.get("step"), "run_dir": str(attempts[-1]) if attempts else None,
+            "attempts": len(attempts)}
+
+
+def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0) -> dict[str, Any]:
+    key, mode = spec.metric
+    best = report.best_row(rows, key, mode)
+    extra = [k for k in spec.space if k not in ("train.global_batch_size", "train.precision")]
+    table = report.format_table(rows, extra, best)
+    report.write_csv(rows, sweep_dir / "results.csv", extra)
+    summary = {"sweep_dir": str(sweep_dir), "objective": spec.objective, "metric": key, "mode": mode,
+               "target_loss": spec.target_loss, "best": best["trial"] if best else None,
+               "not_started": not_started, "trials": rows}
+    (sweep_dir / "results.json").write_text(json.dumps(report.json_safe(summary), indent=1))
+    curves = {r["trial"]: trial_history(sweep_dir / TRIALS_DIR / r["trial"]) for r in rows}
+    report.plot(rows, curves, sweep_dir / "results.png", target=spec.target_loss)
+    if best:
+        config = trial_config(spec, best["params"]).to_dict()
+        report.write_best(best, config, sweep_dir / "best.yaml", objective=f"{spec.objective} ({key} {mode})",
+                          sweep_dir=sweep_dir)
+    print(table, flush=True)
+    if not_started or any(r["status"] == "unfinished" for r in rows):
+        print(f"[raydl] sweep interrupted ({not_started} trials not started yet); continue it with: "
+              f"raydl sweep --resume {sweep_dir}", flush=True)
+    print(f"[raydl] best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
+          f"results in {sweep_dir}", flush=True)
+    summary["table"] = table
+    return summary
+
+
+__all__ = ["run_sweep", "resume_sweep", "run_trial", "TrialReporter", "max_concurrent", "write_report", "SWEEP_FILE"]

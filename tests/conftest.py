@@ -1,0 +1,81 @@
+"""Shared fixtures: one Ray instance per test session, gloo process groups, tiny configs.
+
+Environment set here (and in .ci/run): one thread per process, bf16 allowed on this VM's
+CPU (oneDNN capped below AMX, see shared/PIPELINE_NOTES.md 0), Ray kept in its own temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="raydl-ray-"))
+os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """Built-in datasets are generated once per session and shared by all tests."""
+    return tmp_path_factory.mktemp("data-cache")
+
+
+@pytest.fixture
+def tiny_overrides(data_cache, tmp_path) -> list[str]:
+    """Overrides for a fast run of the default model in a fresh runs dir."""
+    return [f"data.cache_dir={data_cache}", f"run.runs_dir={tmp_path / 'runs'}", "train.max_steps=20",
+            "telemetry.report_every=10", "checkpoint.every_steps=10", "data.builtin_samples=4096",
+            "train.eval_batches=2", "telemetry.progress=false"]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test session (ray.init costs ~7 s here)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {
+        k: os.environ[k] for k in ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
+                                   "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS")}})
+    yield ray
+    ray.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_entry(rank: int, world_size: int, port: int, fn, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        if dist.is_initialized():   # the code under test may have closed it itself
+            dist.destroy_process_group()
+
+
+def run_gloo(fn, world_size: int, *args) -> None:
+    """Run fn(rank, world_size, *args) in `world_size` spawned processes with a gloo group.
+
+    fn must be importable (module level); results go through files in a tmp dir.
+    """
+    mp.start_processes(_gloo_entry, args=(world_size, free_port(), fn, args), nprocs=world_size,
+                       start_method="spawn", join=True)

@@ -1,0 +1,76 @@
+"""Checkpoints are layout-agnostic: a run trained at pp=2 (zbv) loads at pp=1, at dp=2 x pp=1 and at pp=2 (gpipe)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.tensor import DTensor
+
+from raydl.data.dataset import open_dataset, resolve_path
+from raydl.models.blocks import num_params
+from raydl.models.registry import get_spec
+from raydl.overrides import load_config
+from raydl.parallel.engine import build_engine
+from raydl.train import checkpoint as ckpt
+from raydl.train.loop import train_worker
+from raydl.train.optim import build_optimizer
+from tests.conftest import run_gloo
+
+STEPS = 4
+
+
+def _train(rank: int, world_size: int, overrides: list[str], data_path: str, run_dir: str) -> None:
+    cfg = load_config(None, overrides)
+    train_worker({"config": cfg.to_dict(), "data_path": data_path, "run_dir": run_dir, "resume_from": None})
+
+
+def _load_each(rank: int, world_size: int, layouts: list[list[str]], data_path: str, path: str, full_pt: str) -> None:
+    for overrides in layouts:   # one process group for several layouts: spawning costs ~10 s here
+        _load_and_compare(rank, world_size, overrides, data_path, path, full_pt)
+
+
+def _load_and_compare(rank: int, world_size: int, overrides: list[str], data_path: str, path: str,
+                      full_pt: str) -> None:
+    cfg = load_config(None, overrides)
+    spec = get_spec(cfg.model)
+    torch.manual_seed(123)                     # a different init: only loading can make the weights equal
+    model = spec.build(cfg.model, open_dataset(data_path).meta)
+    fingerprint = {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
+                   "blocks": len(model.blocks)}
+    session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
+    engine = build_engine(model, cfg, spec, session)
+    optimizer = build_optimizer(engine.parameters(), cfg.train)
+    ckpt.load(path, engine.model, optimizer, fingerprint)
+    saved = torch.load(full_pt, weights_only=False)["model"]
+    names = [n for n, _ in engine.model.named_parameters()]
+    assert names and set(names) <= set(saved)
+    for name, p in engine.model.named_parameters():
+        value = p.full_tensor() if isinstance(p, DTensor) else p
+        torch.testing.assert_close(value.detach(), saved[name], rtol=0, atol=0, msg=name)
+    assert optimizer.state, "optimizer state (AdamW moments) was loaded too"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pp2_checkpoint_loads_at_pp1_dp2_and_other_schedule(tiny_overrides, tmp_path):
+    base = [o for o in tiny_overrides if not o.startswith(("train.max_steps", "checkpoint.every_steps"))]
+    base += [f"train.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}"]
+    cfg = load_config(None, base)
+    data_path = str(Path(resolve_path(cfg, get_spec(cfg.model).task)).resolve())
+    run_dir = tmp_path / "run"
+    pp2 = ["parallel.pp_degree=2", "parallel.schedule=zbv", "parallel.num_microbatches=4"]
+    run_gloo(_train, 2, base + pp2, data_path, str(run_dir))
+
+    path = ckpt.find_latest(run_dir)
+    assert path is not None and path.name == ckpt.checkpoint_name(STEPS)
+    full_pt = tmp_path / "full.pt"
+    dcp_to_torch_save(path, full_pt)   # the reference: every saved tensor, gathered offline
+
+    run_gloo(_load_each, 1, [base], data_path, str(path), str(full_pt))                               # pp=1
+    two_ranks = [base + ["parallel.dp_wrapper=fsdp"],                                                # dp=2 x pp=1
+                 base + ["parallel.pp_degree=2", "parallel.schedule=gpipe"]]                         # pp=2, gpipe
+    run_gloo(_load_each, 2, two_ranks, data_path, str(path), str(full_pt))

@@ -1,0 +1,113 @@
+"""Autoscaling for real, locally: a raydl elastic job grows the cluster, grows onto it, and the idle nodes go.
+
+Head: `ray start --head --num-cpus=1` with Ray's fake multi-node provider (RAY_FAKE_CLUSTER=1; the config is
+cluster/local-fake.yaml with the head's real GCS address), autoscaler update every 1 s, idle timeout 15 s.
+Job: `raydl submit -- train` elastic with scaling.min_workers=1, max_workers=2 (1 CPU per worker).
+
+Expected sequence, each step polled with a deadline:
+  1. training starts at world size 1 on the head's single CPU;
+  2. Train's elastic policy asks the autoscaler for max_workers bundles -> a `ray.worker.cpu` node (2 CPUs) is added;
+  3. the run resizes 1 -> 2 workers (restart from its checkpoint) and finishes;
+  4. the request is withdrawn and the idle node is removed.
+Timings are printed with -s ([timing] lines).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raydl import jobs
+from tests.conftest import free_port
+from tests.ray.ray_head import VENV_BIN, alive_nodes, short_tmp_dir, start_head, stop_head
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ELASTIC = ["--set", "scaling.min_workers=1", "--set", "scaling.max_workers=2", "--set", "scaling.resize_check_s=5",
+           "--set", "train.max_steps=1500", "--set", "checkpoint.every_steps=100", "--set", "telemetry.report_every=50",
+           "--set", "data.builtin_samples=8192", "--set", "train.eval_batches=2"]
+
+
+def fake_cluster_config(tmp: Path, gcs_port: int) -> Path:
+    from ray._private.services import get_node_ip_address
+
+    cfg = yaml.safe_load((REPO / "cluster" / "local-fake.yaml").read_text())
+    # Fake nodes join the GCS at this address (the file's placeholder is unroutable on purpose).
+    cfg["provider"]["gcs_address"] = f"{get_node_ip_address()}:{gcs_port}"
+    path = tmp / "autoscale.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def poll(what: str, check, deadline_s: float, every_s: float = 1.0, log: Path | None = None):
+    """Call check() until it returns something truthy; fail with `what` after deadline_s."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if value := check():
+            return value
+        time.sleep(every_s)
+    tail = log.read_text()[-3000:] if log else ""
+    pytest.fail(f"{what} did not happen within {deadline_s:.0f} s\n{tail}")
+
+
+def test_elastic_job_scales_fake_cluster_up_and_down():
+    tmp = short_tmp_dir()
+    gcs_port = free_port()
+    head = start_head(tmp, num_cpus=1, gcs_port=gcs_port, autoscaling_config=fake_cluster_config(tmp, gcs_port),
+                      env={"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
+    try:
+        assert len(alive_nodes(head)) == 1   # the head only: worker types start at min_workers 0
+        client = jobs.Jobs(head.address, str(head.token_file))
+        t0 = time.monotonic()
+        # Like a real cluster, every node must see the data and the run dir: on one machine any absolute path
+        # is "shared storage". Relative defaults would land in the job's unpacked working dir, which each
+        # node's runtime-env agent unpacks for itself (here: the same path, wiped and re-extracted).
+        shared = [f"data.cache_dir={tmp / 'data'}", f"run.runs_dir={tmp / 'runs'}"]
+        sub = subprocess.run([f"{VENV_BIN}/raydl", "submit", "--address", head.address, "--token-file",
+                              str(head.token_file), "--no-wait", "--", "train", *ELASTIC,
+                              *(arg for kv in shared for arg in ("--set", kv))],
+                             cwd=REPO, env=head.client_env(token_env=False), capture_output=True, text=True, timeout=60)
+        assert sub.returncode == 0, sub.stderr
+        job_id = sub.stdout.strip()
+        times = {}
+
+        def progress() -> bool:
+            now = time.monotonic() - t0
+            status = client.status(job_id)
+            if status == "RUNNING":
+                times.setdefault("running", now)
+            if len(alive_nodes(head)) > 1:
+                times.setdefault("node_added", now)
+            logs = client.logs(job_id)
+            for size in (1, 2):
+                if f"[raydl] world size {size}:" in logs:
+                    times.setdefault(f"world_size_{size}", now)
+            return status in jobs.TERMINAL and status
+
+        status = poll("the elastic job finishing", progress, deadline_s=300, every_s=1.0, log=head.log)
+        times["finished"] = time.monotonic() - t0
+        logs = client.logs(job_id)
+        assert status == "SUCCEEDED", logs[-4000:]
+        run_dir = re.search(r'"run_dir": "([^"]+)"', logs).group(1)
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        assert summary["steps"] == 1500
+        assert summary["world_sizes"] == [1, 2], summary["world_sizes"]   # started small, grew onto the new node
+        assert times["world_size_1"] <= times["node_added"] < times["world_size_2"], times
+        added = [n for n in alive_nodes(head) if not n["is_head_node"]]
+        assert added and all(n["resources_total"].get("CPU") == 2 for n in added)   # ray.worker.cpu nodes
+
+        t_end = time.monotonic()
+        poll("idle worker nodes being removed", lambda: len(alive_nodes(head)) == 1, deadline_s=150, log=head.log)
+        times["scale_down_after_finish"] = time.monotonic() - t_end
+        print("\n[timing] " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()) +
+              f" (since submit; scale-down since the job ended); summary world_sizes {summary['world_sizes']}, "
+              f"restarts {summary['restarts']}")
+    finally:
+        stop_head(head)

@@ -1,0 +1,87 @@
+"""Exactly once per epoch, across a worker failure and a resize: a ledger of consumed sample ids.
+
+Real processes under torchrun (gloo), real parquet, real DCP checkpoints. The loader writes the
+ids each rank hands to training (RAYDL_LEDGER_DIR, see raydl/data/ledger.py); a step counts as
+consumed if it is at or before the checkpoint the next attempt resumed from (later steps were
+lost with the failed attempt and are redone). The union must be the epoch exactly, no duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.unit.test_data_loader import make_dataset
+
+pytestmark = pytest.mark.slow
+GB, STEPS = 64, 32          # 2048 train rows = one epoch of 32 steps
+
+
+def torchrun(nproc: int, run_dir: Path, data: Path, ledger: Path, *overrides: str,
+             fail_at: int | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAYDL_LEDGER_DIR": str(ledger), "OMP_NUM_THREADS": "1"}
+    if fail_at is not None:
+        env["RAYDL_FAIL_AT_STEP"] = str(fail_at)
+    sets = [f"data.path={data}", f"train.global_batch_size={GB}", "train.micro_batch_size=32", "train.eval_batches=1",
+            "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false", *overrides]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "raydl.worker", "--run-dir", str(run_dir),
+           *(a for s in sets for a in ("--set", s))]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def committed_ids(ledger: Path) -> list[int]:
+    """Ids of the steps that count: each attempt's steps up to where the next attempt started.
+
+    Attempts are told apart by their start position (each test's attempts start at distinct
+    checkpoints, which `attempt_starts` asserts)."""
+    files = [[json.loads(x) for x in f.read_text().splitlines()] for f in ledger.glob("ledger-*.jsonl")]
+    starts = sorted({(lines[0]["start"]["epoch"], lines[0]["start"]["offset"]) for lines in files})
+    ids = []
+    for header, *records in files:
+        start = (header["start"]["epoch"], header["start"]["offset"])
+        limit = starts[starts.index(start) + 1] if start != starts[-1] else (10**9, 0)
+        ids += [i for r in records if (r["epoch"], r["offset"]) <= limit for i in r["ids"]]
+    return ids
+
+
+def epoch_ids(data: Path) -> list[int]:
+    return sorted(i for f in data.glob("train-*.parquet") for i in pq.read_table(f)["id"].to_pylist())
+
+
+def attempt_starts(ledger: Path) -> list[int]:
+    return sorted({json.loads(f.read_text().splitlines()[0])["start"]["offset"] for f in ledger.glob("ledger-*")})
+
+
+def test_worker_failure_mid_epoch_is_exactly_once(tmp_path):
+    data, ledger = make_dataset(tmp_path), tmp_path / "ledger"
+    ledger.mkdir()
+    failed = torchrun(2, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}", fail_at=13)
+    assert failed.returncode != 0 and "injected failure at step 13" in failed.stderr, failed.stderr[-3000:]
+    # The restart: a new worker group on the same run directory, as Ray's FailureConfig or torchrun's
+    # --max-restarts would start it (torchrun's own in-place restart cannot re-form a gloo group here).
+    p = torchrun(2, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}", fail_at=13)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert attempt_starts(ledger) == [0, 10 * GB]              # restarted from the step-10 checkpoint
+    ids = committed_ids(ledger)
+    assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
+
+
+def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
+    data, ledger = make_dataset(tmp_path), tmp_path / "ledger"
+    ledger.mkdir()
+    first = torchrun(2, tmp_path / "run", data, ledger, "train.max_steps=15")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = torchrun(1, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout and attempt_starts(ledger) == [0, 15 * GB]
+    dp_sizes = {json.loads(f.read_text().splitlines()[0])["dp_size"] for f in ledger.glob("ledger-*")}
+    assert dp_sizes == {1, 2}
+    ids = committed_ids(ledger)
+    assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)

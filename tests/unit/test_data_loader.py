@@ -1,0 +1,105 @@
+"""The loader on real parquet: deterministic order, bad shards (fail naming the file, or skip exactly once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raydl.data.dataset import open_dataset
+from raydl.data.loader import StepLoader
+from raydl.data.order import DataPosition
+from raydl.data.prepare import prepare
+from raydl.errors import DataError
+
+GB = 64
+
+
+def make_dataset(tmp_path: Path, shards: int = 4, rows: int = 512) -> Path:
+    """`shards` train shards of `rows` rows (token rows whose first value is the row's own id)."""
+    src = tmp_path / "src.parquet"
+    n = shards * rows + (shards * rows + 14) // 15     # prepare sends every 16th row to eval
+    x = np.repeat(np.arange(n), 4).reshape(n, 4)
+    pq.write_table(pa.table({"input_ids": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 4),
+                             "labels": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 4)}), src)
+    out = tmp_path / "ds"
+    prepare("parquet", str(src), str(out), shard_rows=rows, progress=False)
+    return out
+
+
+def epoch_ids(path: Path, dp_size: int, *, epoch: int = 0, seed: int = 0, **kw) -> tuple[list[list[int]], list]:
+    """Ids each rank gets in one epoch, per step, and the batches of rank 0."""
+    info = open_dataset(str(path))
+    per_rank, batches = [], []
+    for r in range(dp_size):
+        loader = StepLoader(info, global_batch=GB, dp_rank=r, dp_size=dp_size, seed=seed, shuffle=True,
+                            position=DataPosition(epoch, 0), prefetch=1, **kw)
+        steps = []
+        for batch, _ in zip(loader, range(loader.steps_per_epoch)):
+            steps.append(batch.tensors["id"].tolist())
+            batches.append(batch) if r == 0 else None
+        per_rank.append(steps)
+    return per_rank, batches
+
+
+def flat(per_rank) -> list[int]:
+    return [i for steps in zip(*per_rank) for rank_ids in steps for i in rank_ids]
+
+
+def train_ids(path: Path) -> set[int]:
+    return {i for f in sorted(path.glob("train-*.parquet")) for i in pq.read_table(f)["id"].to_pylist()}
+
+
+def test_loader_reads_the_epoch_once_deterministically(tmp_path):
+    path = make_dataset(tmp_path)
+    one, batches = epoch_ids(path, 1)
+    two, _ = epoch_ids(path, 2)
+    assert flat(one) == flat(two)                        # the sequence does not depend on the world size
+    assert sorted(flat(one)) == sorted(train_ids(path)) and len(flat(one)) == 2048
+    assert flat(epoch_ids(path, 1, epoch=1)[0]) != flat(one)
+    assert flat(epoch_ids(path, 1, seed=0)[0]) == flat(one)
+    assert (batches[0].tensors["input_ids"][:, 0] == batches[0].tensors["id"]).all()   # rows stay whole
+
+
+def corrupt(path: Path, shard: int) -> Path:
+    f = path / f"train-{shard:05d}.parquet"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])     # a truncated upload
+    return f
+
+
+def test_corrupt_shard_fails_with_its_name(tmp_path):
+    path = make_dataset(tmp_path)
+    bad = corrupt(path, 2)
+    with pytest.raises(DataError, match=rf"shard '{bad}'.*data.max_bad_shards=0.*Fix:"):
+        epoch_ids(path, 2)
+
+
+def test_skipped_shard_keeps_the_other_rows_exactly_once(tmp_path):
+    path = make_dataset(tmp_path)
+    lost = set(pq.read_table(path / "train-00002.parquet")["id"].to_pylist())
+    expected = train_ids(path) - lost
+    corrupt(path, 2)
+    per_rank, batches = epoch_ids(path, 2, max_bad_shards=1)
+    ids = flat(per_rank)
+    good = [i for i in ids if i >= 0]
+    assert len(good) == len(set(good)) and set(good) == expected
+    assert ids.count(-1) == len(lost)                    # placeholders hold the bad rows' places
+    placeholder = batches[-1].tensors["id"] == -1
+    assert batches[-1].bad_shards == 1 and (batches[-1].tensors["labels"][placeholder] == -100).all()
+    assert [b.tensors["id"].shape for b in batches] == [(GB // 2,)] * len(batches)     # shapes unchanged
+    with pytest.raises(DataError, match="train-00003.parquet"):
+        corrupt(path, 3)
+        epoch_ids(path, 2, max_bad_shards=1)
+
+
+def test_shard_with_another_schema_is_named(tmp_path):
+    path = make_dataset(tmp_path)
+    f = path / "train-00001.parquet"
+    table = pq.read_table(f)
+    pq.write_table(table.set_column(1, "input_ids", pa.array(table["input_ids"].to_pylist(),
+                                                                     pa.list_(pa.int64()))), f, row_group_size=256)
+    with pytest.raises(DataError, match=rf"shard '{f}' has a different schema.*input_ids: list<"):
+        epoch_ids(path, 1)

@@ -1,0 +1,79 @@
+"""Pure checks of the pipeline layout: stage placement, cuts, stage FQNs, and bad input -> LayoutError / exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from raydl.cli import main as cli_main
+from raydl.errors import LayoutError
+from raydl.models.registry import get_spec
+from raydl.overrides import load_config
+from raydl.parallel.mesh import Layout
+from raydl.parallel.pipeline import split_stages, stage_cuts, stage_indices, validate
+
+
+def _layout(schedule="1f1b", pp=2, m=4, cuts=(), dp=1) -> Layout:
+    return Layout(world_size=dp * pp, dp=dp, pp=pp, micro_batch=2, num_microbatches=m, schedule=schedule,
+                  stage_cuts=cuts)
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    ("1f1b", [(0,), (1,)]), ("gpipe", [(0,), (1,)]),
+    ("interleaved1f1b", [(0, 2), (1, 3)]), ("loopedbfs", [(0, 2), (1, 3)]), ("interleavedzb", [(0, 2), (1, 3)]),
+    ("zbv", [(0, 3), (1, 2)]), ("dualpipev", [(0, 3), (1, 2)]),
+])
+def test_stage_placement_matches_torch(schedule, expected):
+    assert [stage_indices(schedule, 2, r) for r in range(2)] == expected
+
+
+def test_default_cuts_balance_blocks_and_manual_cuts_win():
+    assert stage_cuts(_layout("1f1b"), 6) == (3,)
+    assert stage_cuts(_layout("zbv"), 6) == (1, 2, 4)          # 4 stages of 1, 1, 2, 2 blocks
+    assert stage_cuts(_layout("1f1b", cuts=(1,)), 6) == (1,)
+
+
+def test_stages_keep_global_parameter_names():
+    cfg = load_config(None, [])
+    model = get_spec(cfg.model).build(cfg.model, {"vocab_size": 16, "seq_len": 8})
+    full = {n for n, _ in model.named_parameters()}
+    first, last = split_stages(model, (2, 3, 5), (0, 3))   # V placement, rank 0: stages 0 and 3
+    assert list(first.blocks) == ["embed", "h0"] and list(last.blocks) == ["head"]
+    names = {n for m in (first, last) for n, _ in m.named_parameters()}
+    assert names < full and {"blocks.embed.tok.weight", "blocks.head.out.weight"} <= names
+    assert all(n.startswith(("blocks.embed.", "blocks.h0.", "blocks.head.")) for n in names)
+
+
+@pytest.mark.parametrize("layout, precision, wrapper, match", [
+    (_layout("1f1b", m=1), "fp32", "fsdp", "num_microbatches >= pp"),
+    (_layout("dualpipev", m=2), "fp32", "fsdp", "needs num_microbatches >= number of stages"),
+    (_layout("zbv", pp=4, m=8), "fp32", "fsdp", "needs 8 stages"),
+    (_layout("1f1b", cuts=(9,)), "fp32", "fsdp", "outside 1..5"),
+    (_layout("1f1b", cuts=(1, 2)), "fp32", "fsdp", "has 2 cuts"),
+    (_layout("1f1b"), "fp16", "fsdp", "fp16"),
+    (_layout("zbv", dp=2), "fp32", "ddp", "144530"),
+])
+def test_bad_layouts_raise_with_numbers(layout, precision, wrapper, match):
+    with pytest.raises(LayoutError, match=match):
+        validate(layout, num_blocks=6, precision=precision, dp_wrapper=wrapper)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["parallel.pp_degree=8"], "not divisible by pp=8"),
+    (["parallel.pp_degree=2", "parallel.schedule=nope"], "parallel.schedule"),
+    (["parallel.pp_degree=2", "parallel.schedule=dualpipev", "parallel.num_microbatches=2"], "2*pp = 4"),
+    (["parallel.pp_degree=2", "parallel.stage_cuts=[0]"], "outside 1..5"),
+    (["parallel.pp_degree=2", "parallel.num_microbatches=5"], "not divisible"),
+])
+def test_plan_cli_exits_2_on_bad_layouts(sets, message, data_cache, capsys):
+    argv = ["plan", "--workers", "4", "--set", f"data.cache_dir={data_cache}", "--set", "data.builtin_samples=4096"]
+    for s in sets:
+        argv += ["--set", s]
+    assert cli_main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plan_cli_prints_table(data_cache, capsys):
+    assert cli_main(["plan", "--workers", "2", "--set", f"data.cache_dir={data_cache}",
+                     "--set", "data.builtin_samples=4096"]) == 0
+    out = capsys.readouterr().out
+    assert "\n*" in out and "zbv" in out and "dualpipev" in out   # every pp and schedule is listed
