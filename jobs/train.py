@@ -4,8 +4,13 @@
     raydl submit --address http://HEAD:8265 -- train --config jobs/configs/gpt-tiny.yaml     # the same, plus auth
 
 Inside a job, `--address auto` is added so the run uses the job's cluster instead of starting a local Ray.
-The run directory (run.runs_dir, default runs/) is relative to the job's unpacked working dir on the head:
-on a real cluster set checkpoint.storage_path (and run.runs_dir) to shared storage (s3://, gs://, NFS).
+
+Paths: relative ones (run.runs_dir=runs, data.cache_dir=.raydl_data) resolve inside the job's unpacked
+working dir on the head. That is fine on a single node. With workers on other nodes, every path the workers
+read or write must be shared storage: checkpoint.storage_path (s3://, gs://, NFS), data.path (or
+data.cache_dir for the built-in data, on NFS), and run.runs_dir for the metrics. Otherwise workers on other
+nodes fail with "data.path ... does not exist" (seen with the local fake multi-node cluster, where each
+node's runtime-env agent re-extracts the working dir and wipes what the driver wrote there).
 """
 
 import sys

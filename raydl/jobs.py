@@ -123,6 +123,13 @@ class Jobs:
             if job_id and "status code 404" in str(e):
                 raise JobsError(f"no job '{job_id}' on {self.address}. Fix: `raydl jobs list --address "
                                 f"{self.address}` shows the job ids") from None
+            if "No available agent" in str(e):
+                raise JobsError(f"the Ray head at {self.address} has no job agent running, so it cannot start jobs. "
+                                "Fix: wait a minute after `ray start`; if it persists, the head's dashboard agent "
+                                "could not start (often a port conflict, see logs/dashboard_agent.log on the head: "
+                                "restart with --dashboard-agent-listen-port=<free port>)") from None
+            if str(e).startswith("Request failed with status code"):   # the server's own words on a bad request
+                raise JobsError(f"the Ray job server at {self.address} refused the request: {e}") from None
             raise
 
     def _auth_message(self, ray_message: str) -> str:

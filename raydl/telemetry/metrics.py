@@ -40,11 +40,8 @@ class MetricsWriter:
 
     def write(self, report: dict[str, Any], *, world_size: int, checkpoint: str | None = None) -> None:
         records = report.get("records", [])
-        if records and self.records and records[0]["step"] <= self.records[-1]["step"]:
-            # The group restarted from a checkpoint: these steps are being redone.
-            self.restarts.append({"cause": report.get("restart_cause", "worker group restart"),
-                                  "step": self.records[-1]["step"], "resumed_from_step": records[0]["step"] - 1,
-                                  "steps_redone": self.records[-1]["step"] - records[0]["step"] + 1})
+        if records and self.records and report.get("group_start"):
+            self.restarts.append(self._restart(report.get("restart_cause", "resize or preemption"), records[0]))
         if world_size not in self.world_sizes:
             self.world_sizes.append(world_size)
         self._note_layout(report.get("layout"), records)
@@ -56,6 +53,19 @@ class MetricsWriter:
             self.last_checkpoint = checkpoint
         if records and self.progress:
             self._print_progress(records[-1], report.get("total_steps"))
+
+    def _restart(self, cause: str, first: dict[str, Any]) -> dict[str, Any]:
+        """A new worker group's first step: how many steps it redoes and the wall time the restart cost.
+
+        seconds_lost = gap between the last step before and the first step after, plus the
+        time to redo the steps that had been done but not checkpointed (at the median step time).
+        """
+        last = self.records[-1]
+        redone = max(0, last["step"] - first["step"] + 1)
+        step_s = statistics.median(r["step_s"] for r in self.records[-20:])
+        gap = first["time"] - first["step_s"] - last["time"]
+        return {"cause": cause, "step": last["step"], "resumed_at_step": first["step"] - 1,
+                "steps_redone": redone, "seconds_lost": round(gap + redone * step_s, 2)}
 
     def _note_layout(self, layout: dict[str, Any] | None, records: list[dict[str, Any]]) -> None:
         if not layout or not records:
@@ -104,8 +114,9 @@ class MetricsWriter:
 class StepClock:
     """Collects this worker's per-step records between two reports."""
 
-    def __init__(self):
+    def __init__(self, first_step: int = 1):
         self.pending: list[dict[str, Any]] = []
+        self.first_step = first_step          # the first step this worker group will run
         self.t_last = time.perf_counter()
 
     def record(self, **fields: Any) -> None:

@@ -2,16 +2,20 @@
 
 A checkpoint directory holds DCP shards (`__<rank>_0.distcp`, `.metadata`) keyed by fully
 qualified parameter names, so it loads into any layout (N or M workers, any dp × pp), and
-`raydl_state.json` (step, data position, scaler, model fingerprint), written last. A
-directory counts as a checkpoint only once both `.metadata` and `raydl_state.json` exist;
+`raydl_state.json` (step, data position, scaler, model fingerprint), written last, and one
+`files-rank<r>.json` per saving rank listing its files with size and sha256. A directory
+counts as a checkpoint only once `verify` finds every rank's manifest and every file intact;
 under Ray it is also only visible after Ray registered it (every rank reported and
-uploaded). RNG needs no saved state: it is reseeded from (seed, step, rank) every step.
+uploaded). A half-written or corrupted checkpoint is skipped for the previous one.
+RNG needs no saved state: it is reseeded from (seed, step, rank) every step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +40,58 @@ def is_complete(path: str | Path) -> bool:
 
 def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *, rank: int) -> None:
     """Every rank writes its shards into `path` (its own or a shared dir); rank 0 writes the state last."""
-    Path(path).mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / ".metadata"] if rank == 0 else [])
+    _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
     if rank == 0:
-        tmp = Path(path) / f".{STATE_FILE}.tmp"
-        tmp.write_text(json.dumps({"format": FORMAT, **state}, indent=1))
-        os.replace(tmp, Path(path) / STATE_FILE)
+        _write_atomic(path / STATE_FILE, json.dumps({"format": FORMAT, **state}, indent=1))
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
+def _fingerprint(f: Path) -> list:
+    digest = hashlib.sha256()
+    with f.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return [f.stat().st_size, digest.hexdigest()]
+
+
+def verify(path: str | Path) -> str | None:
+    """None if the checkpoint is complete and intact, else what is wrong (the same answer on every rank)."""
+    p = Path(path)
+    if not is_complete(p):
+        return f"missing {STATE_FILE} or .metadata (half-written)"
+    try:
+        ranks = json.loads((p / STATE_FILE).read_text())["saved_by_ranks"]
+        for r in range(ranks):
+            manifest = p / f"files-rank{r}.json"
+            if not manifest.is_file():
+                return f"missing {manifest.name}"
+            for name, expected in json.loads(manifest.read_text()).items():
+                if not (p / name).is_file() or _fingerprint(p / name) != expected:
+                    return f"{name} is missing or does not match its checksum"
+    except (OSError, ValueError, KeyError) as e:
+        return f"unreadable state ({type(e).__name__}: {e})"
+    return None
+
+
+def first_valid(candidates: list[str]) -> str | None:
+    """The newest candidate that verifies; warns naming each one skipped."""
+    for i, path in enumerate(candidates):
+        problem = verify(path)
+        if problem is None:
+            return path
+        nxt = candidates[i + 1] if i + 1 < len(candidates) else "none (starting from scratch)"
+        warnings.warn(f"checkpoint {path} is not usable ({problem}); falling back to {nxt}", stacklevel=2)
+    return None
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
@@ -82,14 +131,18 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
     return state
 
 
-def find_latest(root: str | Path) -> Path | None:
-    """Newest complete checkpoint under a run directory (or `root` itself if it is one)."""
+def all_complete(root: str | Path) -> list[Path]:
+    """Complete checkpoints under a run directory (or `root` itself if it is one), newest first."""
     root = Path(root)
     if is_complete(root):
-        return root
-    candidates = sorted(root.glob("train/step_*")) + sorted(root.glob("step_*"))
-    complete = [c for c in candidates if is_complete(c)]
-    return max(complete, key=lambda c: c.name) if complete else None
+        return [root]
+    candidates = list(root.glob("train/step_*")) + list(root.glob("step_*"))
+    return sorted((c for c in candidates if is_complete(c)), key=lambda c: c.name, reverse=True)
+
+
+def find_latest(root: str | Path) -> Path | None:
+    complete = all_complete(root)
+    return complete[0] if complete else None
 
 
 def resolve_resume(path: str) -> Path:
@@ -97,8 +150,8 @@ def resolve_resume(path: str) -> Path:
     if not p.exists():
         raise CheckpointError(f"--resume path '{p}' does not exist. Fix: pass a run directory or a checkpoint "
                               f"directory inside it (train/step_NNNNNNNN).")
-    latest = find_latest(p)
+    latest = first_valid([str(c) for c in all_complete(p)])
     if latest is None:
         raise CheckpointError(f"--resume path '{p}' holds no complete checkpoint. Fix: pass a run directory that "
                               f"saved at least one checkpoint, or start without --resume.")
-    return latest.resolve()
+    return Path(latest).resolve()

@@ -96,7 +96,7 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
                         backend=cfg.data.backend)
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
-    clock, units = StepClock(), spec.units_per_sample(info.meta)
+    clock, units = StepClock(first_step=state.step + 1), spec.units_per_sample(info.meta)
     if session.rank == 0:
         print(f"[raydl] world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
               f"{fingerprint['params'] / 1e6:.2f}M params", flush=True)
@@ -104,14 +104,15 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     def save(path: str) -> None:
         ckpt.save(path, engine.model, optimizer, {**state.to_dict(), "model": fingerprint, "layout": layout.to_dict(),
                                                   "scaler": scaler.state_dict() if scaler else None,
-                                                  "lr": lr_at(state.step, cfg.train, total_steps)}, rank=session.rank)
+                                                  "lr": lr_at(state.step, cfg.train, total_steps),
+                                                  "saved_by_ranks": session.world_size}, rank=session.rank)
 
     def evaluate() -> dict[str, float]:
         return engine.evaluate(eval_batches(info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=layout.dp,
                                             max_batches=cfg.train.eval_batches, max_bad_shards=cfg.data.max_bad_shards),
                                precision=cfg.train.precision)
 
-    batches = iter(loader)
+    batches, saved_on_notice = iter(loader), False
     while state.step < total_steps:
         batch = next(batches)
         seed_step(cfg.train.seed, state.step, session.rank)
@@ -128,10 +129,12 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < total_steps:
             t_eval = time.perf_counter()   # eval_s lets readers take eval time out of the next step's step_s
             clock.pending[-1].update(eval_loss=evaluate()["loss"], eval_s=time.perf_counter() - t_eval)
-        if state.step % cfg.telemetry.report_every == 0 or state.step % cfg.checkpoint.every_steps == 0 \
-                or state.step == total_steps:
-            report(session, clock, stats.has_loss, layout, total_steps, checkpoint=
-                   save if state.step % cfg.checkpoint.every_steps == 0 or state.step == total_steps else None,
+        checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == total_steps
+        if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
+            # Checked only at reports: it is a barrier, and a drain deadline is seconds away, not steps.
+            if not saved_on_notice and session.preemption_notice():
+                checkpoint_due = saved_on_notice = True   # save now; Ray restarts the group smaller later
+            report(session, clock, stats.has_loss, layout, total_steps, checkpoint=save if checkpoint_due else None,
                    step=state.step)
 
     result = evaluate()
@@ -151,7 +154,7 @@ def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, 
             raise FloatingPointError(f"training diverged: loss is {loss} at step {r['step']} (lr {r['lr']:.3g}). "
                                      "Fix: lower train.lr, raise train.warmup_steps, or use bf16 instead of fp16")
     metrics = {"records": records if session.rank == 0 else [], "layout": layout.to_dict(),
-               "total_steps": total_steps, "step": step}
+               "total_steps": total_steps, "step": step, "group_start": records[0]["step"] == clock.first_step}
     if checkpoint:
         session.save_and_report(step, metrics, checkpoint)
     else:

@@ -42,12 +42,18 @@ class RaySession:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        checkpoint = self._train.get_checkpoint()
-        if checkpoint is None:
+        """The newest registered checkpoint that verifies (a corrupt newest one falls back to the previous)."""
+        if self._train.get_checkpoint() is None:
             yield None
             return
-        with checkpoint.as_directory() as d:
-            yield d
+        reported = [r.checkpoint for r in self._train.get_all_reported_checkpoints()]
+        with contextlib.ExitStack() as stack:
+            dirs = [stack.enter_context(c.as_directory()) for c in reversed(reported)]
+            yield ckpt.first_valid(dirs)
+
+    def preemption_notice(self) -> bool:
+        """True once a node of this group got a drain/preemption notice (a barrier: call on every rank)."""
+        return self._train.get_preemption_info() is not None
 
     def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
         from ray.train import Checkpoint
@@ -81,16 +87,17 @@ class TorchrunSession:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        latest = ckpt.find_latest(self.run_dir)
-        yield str(latest) if latest else None
+        yield ckpt.first_valid([str(c) for c in ckpt.all_complete(self.run_dir)])
+
+    def preemption_notice(self) -> bool:
+        return False   # torchrun has no drain notices; its restarts resume from the run directory
 
     def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
         path = self.run_dir / "train" / ckpt.checkpoint_name(step)
         save_fn(str(path))
         dist.barrier()
         if self.rank == 0:
-            complete = sorted(p for p in (self.run_dir / "train").glob("step_*") if ckpt.is_complete(p))
-            for old in complete[:-self.keep]:
+            for old in ckpt.all_complete(self.run_dir)[self.keep:]:
                 shutil.rmtree(old, ignore_errors=True)
         self.report(metrics, checkpoint=str(path))
 

@@ -20,6 +20,7 @@ from raydl.errors import ConfigError
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.overrides import dump_yaml
+from raydl.parallel.mesh import resolve_layout
 from raydl.train import checkpoint as ckpt
 
 
@@ -36,10 +37,11 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None) -> PreparedRun:
     data_path = resolve_path(cfg, spec.task)
     info = open_dataset(data_path)
     check_task(info, spec.task, spec.name)
+    model = spec.build(cfg.model, info.meta)
+    check_layout(cfg, num_blocks=len(model.blocks))
     resume_from = None
     if resume:
         resume_from = ckpt.resolve_resume(resume)
-        model = spec.build(cfg.model, info.meta)
         ckpt.check_compatible(ckpt.read_state(resume_from),
                               {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
                                "blocks": len(model.blocks)}, resume_from)
@@ -52,6 +54,18 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None) -> PreparedRun:
     job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if "://" not in data_path else data_path,
            "run_dir": str(run_dir), "resume_from": str(resume_from) if resume_from else None}
     return PreparedRun(cfg, run_dir, job)
+
+
+def check_layout(cfg: JobConfig, *, num_blocks: int) -> None:
+    """Fail on the driver (exit 2) for a layout no worker group could run, at every allowed size."""
+    if cfg.parallel.pp_degree == "auto":
+        return
+    from raydl.parallel.pipeline import validate
+
+    for world_size in sorted({cfg.scaling.min_workers, cfg.scaling.max_workers}):
+        layout = resolve_layout(cfg, world_size=world_size, num_blocks=num_blocks)
+        if layout.pp > 1:
+            validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=cfg.parallel.dp_wrapper)
 
 
 def ray_env(cfg: JobConfig) -> dict[str, str]:

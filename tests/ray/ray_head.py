@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -109,13 +108,43 @@ def _wait_ready(head: Head, timeout_s: float) -> None:
     raise TimeoutError(f"Ray head at {head.address} not ready after {timeout_s} s:\n{head.log.read_text()[-3000:]}")
 
 
-def stop_head(head: Head, timeout_s: float = 60) -> None:
-    """SIGTERM the `ray start --block` we started; it stops the head's processes (and fake nodes) itself."""
+def stop_head(head: Head, timeout_s: float = 60) -> int:
+    """SIGTERM the `ray start --block` we started and wait; then the same for anything still running from this
+    head's private temp dir: fake-provider nodes are raylets started by the head's autoscaler with
+    shutdown_at_exit=False, and they can outlive it. Returns how many such leftovers were stopped."""
     if head.proc.poll() is None:
-        head.proc.send_signal(signal.SIGTERM)
+        head.proc.terminate()
         try:
             head.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             head.proc.kill()
             head.proc.wait()
-    shutil.rmtree(head.log.parent, ignore_errors=True)
+    leftovers = _pids_mentioning(f"{head.log.parent}/")
+    for pid in leftovers:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while (alive := [p for p in leftovers if _signal(p, 0)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in alive:
+        _signal(pid, signal.SIGKILL)
+    return len(leftovers)
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains `text` (Linux /proc): here, a temp dir unique to one head."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                pids.append(int(entry.name))
+        except OSError:   # exited meanwhile, or not ours to read
+            pass
+    return pids
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False

@@ -46,15 +46,14 @@ def fake_cluster_config(tmp: Path, gcs_port: int) -> Path:
     return path
 
 
-def poll(what: str, check, deadline_s: float, every_s: float = 1.0, log: Path | None = None):
-    """Call check() until it returns something truthy; fail with `what` after deadline_s."""
+def poll(what: str, check, deadline_s: float, describe, every_s: float = 1.0):
+    """Call check() until it returns something truthy; fail with `what` and describe() after deadline_s."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if value := check():
             return value
         time.sleep(every_s)
-    tail = log.read_text()[-3000:] if log else ""
-    pytest.fail(f"{what} did not happen within {deadline_s:.0f} s\n{tail}")
+    pytest.fail(f"{what} did not happen within {deadline_s:.0f} s\n{describe()}")
 
 
 def test_elastic_job_scales_fake_cluster_up_and_down():
@@ -91,7 +90,11 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
                     times.setdefault(f"world_size_{size}", now)
             return status in jobs.TERMINAL and status
 
-        status = poll("the elastic job finishing", progress, deadline_s=300, every_s=1.0, log=head.log)
+        def describe() -> str:
+            return f"timings so far (s since submit): {times}\nnodes: {alive_nodes(head)}\njob logs:\n" + "\n".join(
+                line for line in client.logs(job_id).splitlines() if "Reporting training result" not in line)[-6000:]
+
+        status = poll("the elastic job finishing", progress, deadline_s=300, describe=describe)
         times["finished"] = time.monotonic() - t0
         logs = client.logs(job_id)
         assert status == "SUCCEEDED", logs[-4000:]
@@ -104,10 +107,11 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
         assert added and all(n["resources_total"].get("CPU") == 2 for n in added)   # ray.worker.cpu nodes
 
         t_end = time.monotonic()
-        poll("idle worker nodes being removed", lambda: len(alive_nodes(head)) == 1, deadline_s=150, log=head.log)
+        poll("idle worker nodes being removed", lambda: len(alive_nodes(head)) == 1, deadline_s=150,
+             describe=lambda: f"nodes: {alive_nodes(head)}")
         times["scale_down_after_finish"] = time.monotonic() - t_end
         print("\n[timing] " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()) +
               f" (since submit; scale-down since the job ended); summary world_sizes {summary['world_sizes']}, "
               f"restarts {summary['restarts']}")
     finally:
-        stop_head(head)
+        print(f"[autoscale] stopped {stop_head(head)} leftover fake-node processes after the head")
