@@ -15,8 +15,11 @@ class RaydlError(Exception):
 
 class ConfigError(RaydlError, ValueError):
     def __init__(self, path: str, problem: str, fix: str):
-        self.path = path
+        self.path, self.problem, self.fix = path, problem, fix
         super().__init__(f"config field '{path}' {problem}. Fix: {fix}.")
+
+    def __reduce__(self):   # errors raised in Ray workers travel pickled to the driver
+        return (type(self), (self.path, self.problem, self.fix))
 
 
 class DataError(RaydlError, ValueError):

@@ -42,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", 0)) == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-    final = train_worker({"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()),
-                          "run_dir": str(run_dir), "resume_from": args.resume})
+    try:
+        train_worker({"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()),
+                      "run_dir": str(run_dir), "resume_from": args.resume})
+    except RaydlError as e:   # found mid-run (a corrupt shard, an unusable checkpoint): the last checkpoint stays
+        print(f"raydl: error: {e}", file=sys.stderr)
+        return e.exit_code
     if int(os.environ.get("RANK", 0)) == 0:
         print(json.dumps(json.loads((run_dir / "summary.json").read_text()), indent=1))
     return 0

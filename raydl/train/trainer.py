@@ -16,7 +16,7 @@ from typing import Any
 
 from raydl.config import JobConfig, default_run_dir
 from raydl.data.dataset import check_task, open_dataset, resolve_path
-from raydl.errors import ConfigError
+from raydl.errors import ConfigError, RaydlError
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.overrides import dump_yaml
@@ -79,7 +79,24 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
     }
     if "ONEDNN_MAX_CPU_ISA" in os.environ:   # only when the user capped it: raydl never caps it by itself
         env["ONEDNN_MAX_CPU_ISA"] = os.environ["ONEDNN_MAX_CPU_ISA"]
+    env.update({k: v for k, v in os.environ.items() if k.startswith("RAYDL_")})   # raydl's own hooks
     return env
+
+
+def user_error_from(error: BaseException) -> RaydlError | None:
+    """The RaydlError a worker raised, out of Ray's wrappers (WorkerGroupError, RayTaskError, causes)."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, RaydlError):
+            return e
+        todo.extend([e.__cause__, e.__context__, *getattr(e, "worker_failures", {}).values()])
+        if hasattr(e, "as_instanceof_cause"):
+            todo.append(getattr(e, "cause", None))
+    return None
 
 
 def connect(address: str | None, env: dict[str, str]) -> None:
@@ -138,7 +155,13 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     run = prepare_run(cfg, resume=resume)
     print(f"[raydl] run directory: {run.run_dir}", flush=True)
     connect(address, ray_env(cfg))
-    result = build_trainer(run).fit()
+    try:
+        result = build_trainer(run).fit()
+    except Exception as e:
+        user_error = user_error_from(e)
+        if user_error is None:
+            raise
+        raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary.update(wall_s=time.time() - t0, checkpoint=result.checkpoint.path if result.checkpoint else None,
