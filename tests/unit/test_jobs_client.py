@@ -138,3 +138,13 @@ def test_working_dir_over_ray_limit_exit_2(tmp_path, monkeypatch, capsys):
     assert main(["submit", "--address", "http://127.0.0.1:1", "--working-dir", str(wd), "--", "train"]) == 2
     err = capsys.readouterr().err
     assert "would upload 0.3 MiB in 2 files, over Ray's limit of 0.2 MiB" in err and ".rayignore" in err
+
+
+def test_job_entry_adds_address_only_where_the_command_takes_it(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "jobs"))
+    from _entry import _accepts_address
+
+    from raydl.cli import build_parser
+
+    parser = build_parser()
+    assert _accepts_address(parser, "train") and not _accepts_address(parser, "config")

@@ -1,0 +1,485 @@
+"""raydl bench pipeline: bubble, step time and activation memory of every pipeline schedule at p=2.
+
+    raydl bench pipeline                        # simulated compute (default): holds on a loaded machine
+    raydl bench pipeline --mode real --repeats 7
+
+Two gloo processes spawned from this one run raydl's own stages (`pipeline_model`: the schedules of
+torch.distributed.pipelining, real P2P of real activations) for p=2, m in {1, 2, 4, 8} and every
+schedule torch accepts for (p, m). The model is 4 blocks of Linear(dim, dim) + GELU: gpipe and 1f1b
+give each rank one stage of 2 blocks, the other schedules 2 stages of 1 block, so every rank does
+the same work per micro-batch in every schedule.
+
+Compute (--mode), as in shared/PIPELINE_NOTES.md 2a/2b
+  sim   each block's forward (F), input-gradient (B) and weight-gradient (W) pass sleeps --cost-ms:
+        F in the forward, B and W in autograd Functions on the activation and the weight path, so the
+        zero-bubble schedules' split backward moves them as it moves real work. A sleep needs no free
+        core, so the result does not depend on what else runs on the machine.
+  real  the blocks' real matmuls; each rank's compute is timed by re-running its stages on the same
+        micro-batches without communication right after each step. Noisy on a shared machine.
+Per config: --warmup steps, then --repeats timed steps; medians are reported.
+  step     barrier, schedule.step(); the longest of the two ranks
+  busy     time in the sleeps (sim) or in the local re-run (real) on the busier rank
+  bubble   1 - busy / step
+  memory   one more step under autograd saved_tensors_hooks: peak live bytes of the tensors saved for
+           backward on each rank (deduplicated by data pointer, parameters excluded), and that peak in
+           micro-batches (divided by what one micro-batch through the rank's stages saves)
+Beside them: (p-1)/(m+p-1) for gpipe/1f1b, and the planner's bubble, step time and activation memory
+(`planner.evaluate` on a ModelProfile of the block costs: the sleeps in sim mode, the local re-run in
+real mode; the measured activation bytes; the measured P2P latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from raydl.bench.common import machine, write_result
+from raydl.errors import ConfigError
+from raydl.models.blocks import BlockModel
+from raydl.parallel import planner
+from raydl.parallel.mesh import Layout
+from raydl.parallel.pipeline import SCHEDULE_CLASSES, pipeline_model, stage_indices
+
+PP = 2
+NUM_BLOCKS = 4
+FORMULA_SCHEDULES = ("gpipe", "1f1b")
+ZERO_BUBBLE = ("interleavedzb", "zbv", "dualpipev")
+FORMULA_TOLERANCE = 0.05   # goal: measured bubble within 5 percentage points of (p-1)/(m+p-1)
+MEASURABLE = 0.02          # goal: a zero-bubble schedule's bubble at least 2 points below 1f1b's
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers (tests/unit/test_bench_pipeline.py)
+
+
+def accepted_configs(schedules: Iterable[str], microbatches: Iterable[int], *, batch: int,
+                     pp: int = PP) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """(schedule, m) pairs torch accepts for this pp, by the planner's copy of torch's checks; and why
+    each other pair was skipped."""
+    accepted, skipped = [], {}
+    for schedule in schedules:
+        for m in microbatches:
+            try:
+                planner.validate_layout(num_blocks=NUM_BLOCKS, world_size=pp, pp=pp, schedule=schedule,
+                                        num_microbatches=m, global_batch=batch, micro_batch=batch // m)
+                accepted.append((schedule, m))
+            except planner.PlanError as error:
+                skipped[f"{schedule} m={m}"] = str(error)
+    return accepted, skipped
+
+
+def formula_bubble(schedule: str, m: int, pp: int = PP) -> float | None:
+    """(p-1)/(m+p-1), the GPipe/1F1B bubble; None for the schedules it does not describe."""
+    return (pp - 1) / (m + pp - 1) if schedule in FORMULA_SCHEDULES else None
+
+
+def per_step(step_by_rank: list[list[float]], busy_by_rank: list[list[float]]) -> dict[str, list[float]]:
+    """Per timed step: step = slowest rank's elapsed time, busy = busiest rank's compute, bubble."""
+    steps = [max(values) for values in zip(*step_by_rank)]
+    busy = [max(values) for values in zip(*busy_by_rank)]
+    return {"step_s": steps, "busy_s": busy, "bubble": [1 - b / s for b, s in zip(busy, steps)]}
+
+
+def check_goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The three goals of issue 4's benchmark, each with the numbers it was decided on."""
+    by_key = {(r["schedule"], r["m"]): r for r in rows}
+    formula = [{"schedule": r["schedule"], "m": r["m"], "measured": r["bubble"], "formula": r["formula_bubble"],
+                "diff_points": 100 * (r["bubble"] - r["formula_bubble"])}
+               for r in rows if r["formula_bubble"] is not None]
+    zero_bubble = []
+    for r in rows:
+        base = by_key.get(("1f1b", r["m"]))
+        if r["schedule"] in ZERO_BUBBLE and base:
+            zero_bubble.append({"schedule": r["schedule"], "m": r["m"], "bubble": r["bubble"],
+                                "bubble_1f1b": base["bubble"], "step_s": r["step_s"], "step_1f1b_s": base["step_s"],
+                                "below": base["bubble"] - r["bubble"] >= MEASURABLE and r["step_s"] < base["step_s"]})
+    memory = [{"m": m, "gpipe_peak_bytes": max(by_key[("gpipe", m)]["peak_saved_bytes"]),
+               "1f1b_peak_bytes": max(by_key[("1f1b", m)]["peak_saved_bytes"])}
+              for (s, m) in sorted(by_key) if s == "1f1b" and m >= 4 and ("gpipe", m) in by_key]
+    return {
+        "formula_within_5_points": {"pass": bool(formula) and all(abs(f["diff_points"]) <= 100 * FORMULA_TOLERANCE
+                                                                  for f in formula), "rows": formula},
+        "zero_bubble_below_1f1b": {"pass": any(z["below"] for z in zero_bubble), "rule": (
+            f"median bubble >= {100 * MEASURABLE:.0f} points below 1f1b's at the same m and a lower median step"),
+            "rows": zero_bubble},
+        "1f1b_memory_below_gpipe": {"pass": bool(memory) and all(x["1f1b_peak_bytes"] < x["gpipe_peak_bytes"]
+                                                                 for x in memory), "rows": memory},
+    }
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| schedule | m | step ms | busiest-rank compute ms | bubble measured | (p−1)/(m+p−1) | planner bubble "
+            "| planner step ms | step error % | peak saved KiB r0 / r1 | in flight (micro-batches) r0 / r1 "
+            "| planner KiB r0 / r1 |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        formula = "—" if r["formula_bubble"] is None else f"{r['formula_bubble']:.3f}"
+        lines.append(
+            f"| {r['schedule']} | {r['m']} | {1e3 * r['step_s']:.0f} | {1e3 * r['busy_s']:.0f} | {r['bubble']:.3f} "
+            f"| {formula} | {r['planner_bubble']:.3f} | {1e3 * r['planner_step_s']:.0f} | {r['step_error_pct']:+.1f} "
+            f"| {_pair(r['peak_saved_bytes'], 1 / 1024, '.1f')} | {_pair(r['in_flight_microbatches'], 1, '.1f')} "
+            f"| {_pair(r['planner_activation_bytes'], 1 / 1024, '.1f')} |")
+    return "\n".join(lines)
+
+
+def _pair(values: list[float], scale: float, fmt: str) -> str:
+    return " / ".join(format(v * scale, fmt) for v in values)
+
+
+class SavedBytes:
+    """Live and peak bytes of the tensors autograd saves for backward, for a saved_tensors_hooks context.
+
+    A tensor saved twice (same data pointer and size) counts once; parameters (`exclude`) do not count.
+    Each packed tensor is wrapped in a handle whose release (autograd frees saved tensors after the
+    backward that used them) subtracts its bytes again.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self._skip = {t.data_ptr() for t in exclude}
+        self._refs: dict[tuple[int, int], int] = {}
+        self.current = self.peak = 0
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        if tensor.data_ptr() in self._skip:
+            return tensor
+        return _Saved(self, tensor, (tensor.data_ptr(), tensor.numel() * tensor.element_size()))
+
+    @staticmethod
+    def unpack(saved: Any) -> torch.Tensor:
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def _add(self, key: tuple[int, int]) -> None:
+        self._refs[key] = self._refs.get(key, 0) + 1
+        if self._refs[key] == 1:
+            self.current += key[1]
+            self.peak = max(self.peak, self.current)
+
+    def _remove(self, key: tuple[int, int]) -> None:
+        self._refs[key] -= 1
+        if not self._refs[key]:
+            del self._refs[key]
+            self.current -= key[1]
+
+
+class _Saved:
+    __slots__ = ("tensor", "_owner", "_key")
+
+    def __init__(self, owner: SavedBytes, tensor: torch.Tensor, key: tuple[int, int]):
+        self.tensor, self._owner, self._key = tensor, owner, key
+        owner._add(key)
+
+    def __del__(self):
+        self._owner._remove(self._key)
+
+
+def sim_profile(*, cost_s: float, block_activation_bytes: int, micro_batch: int, dim: int,
+                p2p_latency_s: float) -> planner.ModelProfile:
+    """The planner's view of the benchmark model: F = cost, backward = B + W = 2 cost per block.
+    Parameters are given 0 bytes, so the predicted memory is the activation memory alone."""
+    block = planner.BlockProfile("b", fwd_s=cost_s, bwd_s=2 * cost_s, param_bytes=0,
+                                 activation_bytes=block_activation_bytes, output_bytes=micro_batch * dim * 4)
+    return planner.ModelProfile(blocks=(block,) * NUM_BLOCKS, micro_batch=micro_batch, p2p_latency_s=p2p_latency_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model: blocks whose compute is real or simulated by sleeps
+
+
+class Clock:
+    """Seconds spent in simulated compute and the number of passes, by kind (F, B, W)."""
+
+    def __init__(self):
+        self.busy_s = 0.0
+        self.counts = {"F": 0, "B": 0, "W": 0}
+
+    def spend(self, kind: str, seconds: float) -> None:
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        self.busy_s += time.perf_counter() - t0   # the oversleep is the simulated compute's, not the bubble's
+        self.counts[kind] += 1
+
+    def __deepcopy__(self, memo):   # split_stages deep-copies the model; every stage keeps this clock
+        return self
+
+
+class _SleepInBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: simulated backward work on the graph path it sits on."""
+
+    @staticmethod
+    def forward(ctx, x, clock: Clock, kind: str, seconds: float):
+        ctx.clock, ctx.kind, ctx.seconds = clock, kind, seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock.spend(ctx.kind, ctx.seconds)
+        return grad, None, None, None
+
+
+class Block(nn.Module):
+    """Linear + GELU. With a clock, each pass also sleeps `cost_s`: F in forward, B on the activation path
+    (runs in a zero-bubble I step), W on the weight path (runs in its W step)."""
+
+    def __init__(self, dim: int, clock: Clock | None = None, cost_s: float = 0.0):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.clock, self.cost_s = clock, cost_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.clock is None:
+            return F.gelu(self.fc(x))
+        self.clock.spend("F", self.cost_s)
+        weight = _SleepInBackward.apply(self.fc.weight, self.clock, "W", self.cost_s)
+        h = _SleepInBackward.apply(F.linear(x, weight, self.fc.bias), self.clock, "B", self.cost_s)
+        return F.gelu(h)
+
+
+def linear_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    # Saves nothing for backward (sub and mean need no inputs), so the memory measured is the blocks'.
+    return (out - target).mean()
+
+
+def build_model(dim: int, clock: Clock | None, cost_s: float) -> BlockModel:
+    torch.manual_seed(0)
+    return BlockModel({f"b{i}": Block(dim, clock, cost_s) for i in range(NUM_BLOCKS)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side: 2 gloo ranks
+
+
+def _entry(rank: int, world_size: int, port: int, settings: dict, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=5))
+    try:
+        latency = _p2p_latency(rank)
+        results = [_measure(rank, settings, schedule, m) for schedule, m in settings["configs"]]
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, results)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps({"p2p_latency_s": latency, "by_rank": gathered}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _p2p_latency(rank: int, rounds: int = 50) -> float:
+    """One-way latency of a 1-element gloo send, median of `rounds` ping-pongs (for the planner's profile)."""
+    t, times = torch.zeros(1), []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, dst=1)
+            dist.recv(t, src=1)
+        else:
+            dist.recv(t, src=0)
+            dist.send(t, dst=0)
+        times.append((time.perf_counter() - t0) / 2)
+    return statistics.median(times)
+
+
+def _measure(rank: int, settings: dict, schedule_name: str, m: int) -> dict[str, Any]:
+    """This rank's numbers for one (schedule, m): step and busy seconds per timed step, saved-tensor peak."""
+    clock = Clock() if settings["mode"] == "sim" else None
+    dim, batch, warmup = settings["dim"], settings["batch"], settings["warmup"]
+    layout = Layout(world_size=PP, dp=1, pp=PP, micro_batch=batch // m, num_microbatches=m, schedule=schedule_name)
+    schedule, stages, holder = pipeline_model(
+        build_model(dim, clock, settings["cost_s"]), layout=layout, pp_rank=rank, pp_group=dist.group.WORLD,
+        device=torch.device("cpu"), parallelize=lambda module: module, loss_fn=linear_loss)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(batch, dim, generator=g), torch.randn(batch, dim, generator=g)
+    timed = [_timed_step(schedule, stages, holder, x, y, m, clock) for _ in range(warmup + settings["repeats"])]
+    step_s, busy_s, local = (list(column) for column in zip(*timed[warmup:]))
+    before = dict(clock.counts) if clock else {}
+    peak = _peak_saved_bytes(schedule, stages, holder, x, y)
+    counts = {kind: n - before[kind] for kind, n in clock.counts.items()} if clock else {}
+    modules, chunk = [stage.submod for stage in stages], x.tensor_split(m)[0]
+    return {"schedule": schedule_name, "m": m, "step_s": step_s, "busy_s": busy_s, "pass_counts": counts,
+            "local_fwd_bwd_s": local, "peak_saved_bytes": peak,
+            "microbatch_saved_bytes": sum(_saved_bytes(module, chunk) for module in modules),
+            "block_saved_bytes": _saved_bytes(next(iter(modules[0].blocks.values())), chunk),
+            "blocks_on_rank": sum(len(module.blocks) for module in modules)}
+
+
+def _timed_step(schedule, stages, holder: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int,
+                clock: Clock | None) -> tuple[float, float, tuple[float, float]]:
+    """(elapsed s, compute s, local (forward s, backward s)) of one step on this rank."""
+    holder.zero_grad(set_to_none=True)
+    dist.barrier()
+    busy0, t0 = clock.busy_s if clock else 0.0, time.perf_counter()
+    _step(schedule, stages, x, y)
+    elapsed = time.perf_counter() - t0
+    if clock:
+        return elapsed, clock.busy_s - busy0, (0.0, 0.0)
+    dist.barrier()   # both ranks re-run at once, as both computed during the step
+    fwd, bwd = _local_compute([stage.submod for stage in stages], x.tensor_split(m))
+    return elapsed, fwd + bwd, (fwd, bwd)
+
+
+def _step(schedule, stages, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One schedule step: inputs where the first stage is, targets where the last is."""
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    args = (x,) if first else ()
+    schedule.step(*args, target=y if last else None, losses=[] if last else None)
+
+
+def _local_compute(modules: list[nn.Module], chunks: tuple[torch.Tensor, ...]) -> tuple[float, float]:
+    """(forward s, backward s) of this rank's stages on these micro-batches, no communication."""
+    fwd = bwd = 0.0
+    for module in modules:
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            out = module(chunk.detach().requires_grad_())
+            t1 = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            fwd, bwd = fwd + t1 - t0, bwd + time.perf_counter() - t1
+    return fwd, bwd
+
+
+def _peak_saved_bytes(schedule, stages, holder: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    tracker = SavedBytes(exclude=holder.parameters())
+    holder.zero_grad(set_to_none=True)
+    dist.barrier()
+    with tracker.hooks():
+        _step(schedule, stages, x, y)
+    return tracker.peak
+
+
+def _saved_bytes(module: nn.Module, chunk: torch.Tensor) -> int:
+    """Bytes one micro-batch through `module` saves for backward."""
+    tracker = SavedBytes(exclude=module.parameters())
+    with tracker.hooks():
+        module(chunk.detach())   # the output is dropped at once: its graph and saved tensors go with it
+    return tracker.peak
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side
+
+
+def run_workers(settings: dict) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="raydl-bench-pp-") as tmp:
+        out = Path(tmp) / "result.json"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.start_processes(_entry, args=(PP, port, settings, str(out)), nprocs=PP, start_method="spawn", join=True)
+        return json.loads(out.read_text())
+
+
+def summarize(raw: dict[str, Any], settings: dict) -> list[dict[str, Any]]:
+    """One row per config: medians of the timed steps, memory per rank, the formula and the planner."""
+    rows = []
+    for by_rank in zip(*raw["by_rank"]):
+        first = by_rank[0]
+        schedule, m = first["schedule"], first["m"]
+        steps = per_step([r["step_s"] for r in by_rank], [r["busy_s"] for r in by_rank])
+        row = {"schedule": schedule, "m": m, **{k: statistics.median(v) for k, v in steps.items()},
+               "per_step": steps, "pass_counts_by_rank": [r["pass_counts"] for r in by_rank],
+               "peak_saved_bytes": [r["peak_saved_bytes"] for r in by_rank],
+               "microbatch_saved_bytes": [r["microbatch_saved_bytes"] for r in by_rank],
+               "in_flight_microbatches": [r["peak_saved_bytes"] / r["microbatch_saved_bytes"] for r in by_rank],
+               "formula_bubble": formula_bubble(schedule, m)}
+        row.update(_planner_columns(row, by_rank, settings, raw["p2p_latency_s"]))
+        rows.append(row)
+    return rows
+
+
+def _planner_columns(row: dict, by_rank: tuple[dict, ...], settings: dict, latency: float) -> dict[str, Any]:
+    schedule, m = row["schedule"], row["m"]
+    micro = settings["batch"] // m
+    cost_s = settings["cost_s"] if settings["mode"] == "sim" else _measured_pass_s(by_rank, m)
+    profile = sim_profile(cost_s=cost_s, block_activation_bytes=by_rank[0]["block_saved_bytes"], micro_batch=micro,
+                          dim=settings["dim"], p2p_latency_s=latency)
+    layout = planner.evaluate(profile, world_size=PP, pp=PP, schedule=schedule, global_batch=settings["batch"],
+                              device_memory_bytes=2**40, num_microbatches=m)
+    per_rank = [sum(layout.stages[i].peak_memory_bytes for i in stage_indices(schedule, PP, r)) for r in range(PP)]
+    return {"planner_bubble": layout.bubble_fraction, "planner_step_s": layout.predicted_step_s,
+            "step_error_pct": 100 * (layout.predicted_step_s / row["step_s"] - 1),
+            "planner_activation_bytes": per_rank, "profile_pass_s": cost_s}
+
+
+def _measured_pass_s(by_rank: tuple[dict, ...], m: int) -> float:
+    """Real mode: one pass (F, B or W) of one block per micro-batch, from the busier rank's local re-run
+    (median over steps; backward counted as 2 passes, as B + W)."""
+    per_rank = [statistics.median(f + b for f, b in r["local_fwd_bwd_s"]) / (3 * m * r["blocks_on_rank"])
+                for r in by_rank]
+    return max(per_rank)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="raydl bench pipeline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("sim", "real"), default="sim", help="Simulated (sleep) or real compute.")
+    p.add_argument("--repeats", type=int, default=5, help="Timed steps per config (medians are reported).")
+    p.add_argument("--warmup", type=int, default=2, help="Untimed steps per config before the timed ones.")
+    p.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULE_CLASSES), choices=list(SCHEDULE_CLASSES))
+    p.add_argument("--cost-ms", type=float, default=20.0,
+                   help="sim: sleep per pass (F, B, W) per block; a rank does 6 per micro-batch.")
+    p.add_argument("--dim", type=int, default=None, help="Block width (default 64 sim, 1024 real).")
+    p.add_argument("--batch", type=int, default=None, help="Samples per step (default 64 sim, 256 real).")
+    p.add_argument("--out", default="benchmarks/results/pipeline-cpu.json")
+    args = p.parse_args(argv)
+    settings = _settings(args)
+    t0 = time.perf_counter()
+    raw = run_workers(settings)
+    rows = summarize(raw, settings)
+    goals = check_goals(rows)
+    _report(rows, goals, raw["p2p_latency_s"])
+    write_result(args.out, {"machine": machine(), "method": __doc__, "settings": settings,
+                            "p2p_latency_s": raw["p2p_latency_s"], "rows": rows, "goals": goals,
+                            "planner_step_error_pct": _error_summary(rows), "wall_s": time.perf_counter() - t0})
+    return 0
+
+
+def _settings(args) -> dict[str, Any]:
+    if args.repeats < 1 or args.warmup < 0:
+        raise ConfigError("--repeats/--warmup", f"are {args.repeats}/{args.warmup}", "use --repeats >= 1, --warmup >= 0")
+    sim = args.mode == "sim"
+    batch = args.batch or (64 if sim else 256)
+    bad = [m for m in args.microbatches if m < 1 or batch % m]
+    if bad:
+        raise ConfigError("--microbatches", f"has {bad}, which do not divide --batch={batch}",
+                          f"use divisors of {batch} (e.g. 1 2 4 8)")
+    configs, skipped = accepted_configs(args.schedules, args.microbatches, batch=batch)
+    return {"mode": args.mode, "pp": PP, "repeats": args.repeats, "warmup": args.warmup, "batch": batch,
+            "dim": args.dim or (64 if sim else 1024), "cost_s": args.cost_ms / 1e3 if sim else 0.0,
+            "configs": configs, "skipped": skipped}
+
+
+def _error_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    errors = [abs(r["step_error_pct"]) for r in rows]
+    return {"median_abs": statistics.median(errors), "max_abs": max(errors)}
+
+
+def _report(rows: list[dict[str, Any]], goals: dict[str, Any], latency: float) -> None:
+    print(markdown_table(rows))
+    errors = _error_summary(rows)
+    print(f"\nP2P latency {1e6 * latency:.0f} us; planner step-time error: median |err| {errors['median_abs']:.1f}%, "
+          f"max {errors['max_abs']:.1f}%")
+    for name, goal in goals.items():
+        print(f"goal {name}: {'PASS' if goal['pass'] else 'FAIL'}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
