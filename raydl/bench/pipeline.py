@@ -13,7 +13,7 @@ Compute (--mode), as in shared/PIPELINE_NOTES.md 2a/2b
   sim   each block's forward (F), input-gradient (B) and weight-gradient (W) pass sleeps --cost-ms:
         F in the forward, B and W in autograd Functions on the activation and the weight path, so the
         zero-bubble schedules' split backward moves them as it moves real work. A sleep needs no free
-        core, so the result does not depend on what else runs on the machine.
+        core, so a loaded machine barely changes the result; a late wake-up counts as compute (busy).
   real  the blocks' real matmuls; each rank's compute is timed by re-running its stages on the same
         micro-batches without communication right after each step. Noisy on a shared machine.
 Per config: --warmup steps, then --repeats timed steps; medians are reported.
@@ -23,9 +23,11 @@ Per config: --warmup steps, then --repeats timed steps; medians are reported.
   memory   one more step under autograd saved_tensors_hooks: peak live bytes of the tensors saved for
            backward on each rank (deduplicated by data pointer, parameters excluded), and that peak in
            micro-batches (divided by what one micro-batch through the rank's stages saves)
-Beside them: (p-1)/(m+p-1) for gpipe/1f1b, and the planner's bubble, step time and activation memory
-(`planner.evaluate` on a ModelProfile of the block costs: the sleeps in sim mode, the local re-run in
-real mode; the measured activation bytes; the measured P2P latency).
+Beside them: (p-1)/(m+p-1) for gpipe/1f1b, and the planner's bubble, activation memory and step time
+(`planner.evaluate` on a ModelProfile of the 4 blocks: F = 1 pass, backward = 2 passes, the measured
+saved bytes per block and the measured P2P latency). The step time is predicted twice: from the
+nominal pass cost (--cost-ms) and from the measured one (busier rank's compute / passes, which
+includes oversleep; in real mode the only one).
 """
 
 from __future__ import annotations
@@ -122,23 +124,31 @@ def check_goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+_COLUMNS = (  # (header, cell)
+    ("schedule", lambda r: r["schedule"]),
+    ("m", lambda r: str(r["m"])),
+    ("step ms", lambda r: f"{1e3 * r['step_s']:.0f}"),
+    ("busiest-rank compute ms", lambda r: f"{1e3 * r['busy_s']:.0f}"),
+    ("bubble measured", lambda r: f"{r['bubble']:.3f}"),
+    ("(p−1)/(m+p−1)", lambda r: "—" if r["formula_bubble"] is None else f"{r['formula_bubble']:.3f}"),
+    ("planner bubble", lambda r: f"{r['planner_bubble']:.3f}"),
+    ("planner step ms", lambda r: f"{1e3 * r['planner_step_s']:.0f}"),
+    ("step error %", lambda r: f"{r['step_error_pct']:+.1f}"),
+    ("error %, measured pass", lambda r: f"{r['step_error_measured_pass_pct']:+.1f}"),
+    ("peak saved KiB r0 / r1", lambda r: _pair(r["peak_saved_bytes"], 1 / 1024)),
+    ("in flight (micro-batches) r0 / r1", lambda r: _pair(r["in_flight_microbatches"], 1)),
+    ("planner KiB r0 / r1", lambda r: _pair(r["planner_activation_bytes"], 1 / 1024)),
+)
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| schedule | m | step ms | busiest-rank compute ms | bubble measured | (p−1)/(m+p−1) | planner bubble "
-            "| planner step ms | step error % | peak saved KiB r0 / r1 | in flight (micro-batches) r0 / r1 "
-            "| planner KiB r0 / r1 |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for r in rows:
-        formula = "—" if r["formula_bubble"] is None else f"{r['formula_bubble']:.3f}"
-        lines.append(
-            f"| {r['schedule']} | {r['m']} | {1e3 * r['step_s']:.0f} | {1e3 * r['busy_s']:.0f} | {r['bubble']:.3f} "
-            f"| {formula} | {r['planner_bubble']:.3f} | {1e3 * r['planner_step_s']:.0f} | {r['step_error_pct']:+.1f} "
-            f"| {_pair(r['peak_saved_bytes'], 1 / 1024, '.1f')} | {_pair(r['in_flight_microbatches'], 1, '.1f')} "
-            f"| {_pair(r['planner_activation_bytes'], 1 / 1024, '.1f')} |")
+    lines = ["| " + " | ".join(head for head, _ in _COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(cell(r) for _, cell in _COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def _pair(values: list[float], scale: float, fmt: str) -> str:
-    return " / ".join(format(v * scale, fmt) for v in values)
+def _pair(values: list[float], scale: float) -> str:
+    return " / ".join(f"{v * scale:.1f}" for v in values)
 
 
 class SavedBytes:
@@ -272,7 +282,7 @@ def _entry(rank: int, world_size: int, port: int, settings: dict, out_path: str)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=5))
     try:
         latency = _p2p_latency(rank)
-        results = [_measure(rank, settings, schedule, m) for schedule, m in settings["configs"]]
+        results = _measure_all(rank, settings)
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, results)
         if rank == 0:
@@ -296,42 +306,60 @@ def _p2p_latency(rank: int, rounds: int = 50) -> float:
     return statistics.median(times)
 
 
-def _measure(rank: int, settings: dict, schedule_name: str, m: int) -> dict[str, Any]:
-    """This rank's numbers for one (schedule, m): step and busy seconds per timed step, saved-tensor peak."""
-    clock = Clock() if settings["mode"] == "sim" else None
-    dim, batch, warmup = settings["dim"], settings["batch"], settings["warmup"]
-    layout = Layout(world_size=PP, dp=1, pp=PP, micro_batch=batch // m, num_microbatches=m, schedule=schedule_name)
-    schedule, stages, holder = pipeline_model(
-        build_model(dim, clock, settings["cost_s"]), layout=layout, pp_rank=rank, pp_group=dist.group.WORLD,
-        device=torch.device("cpu"), parallelize=lambda module: module, loss_fn=linear_loss)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(batch, dim, generator=g), torch.randn(batch, dim, generator=g)
-    timed = [_timed_step(schedule, stages, holder, x, y, m, clock) for _ in range(warmup + settings["repeats"])]
-    step_s, busy_s, local = (list(column) for column in zip(*timed[warmup:]))
-    before = dict(clock.counts) if clock else {}
-    peak = _peak_saved_bytes(schedule, stages, holder, x, y)
-    counts = {kind: n - before[kind] for kind, n in clock.counts.items()} if clock else {}
-    modules, chunk = [stage.submod for stage in stages], x.tensor_split(m)[0]
-    return {"schedule": schedule_name, "m": m, "step_s": step_s, "busy_s": busy_s, "pass_counts": counts,
-            "local_fwd_bwd_s": local, "peak_saved_bytes": peak,
-            "microbatch_saved_bytes": sum(_saved_bytes(module, chunk) for module in modules),
-            "block_saved_bytes": _saved_bytes(next(iter(modules[0].blocks.values())), chunk),
-            "blocks_on_rank": sum(len(module.blocks) for module in modules)}
+def _measure_all(rank: int, settings: dict) -> list[dict[str, Any]]:
+    """All configs built up front, then timed in rounds of one step each, so that a burst of background
+    load lands on every config alike instead of on whichever ran at the time."""
+    runs = [_ConfigRun(rank, settings, schedule, m) for schedule, m in settings["configs"]]
+    for run in runs:
+        for _ in range(settings["warmup"]):
+            run.step()
+    timed = [[run.step() for run in runs] for _ in range(settings["repeats"])]
+    return [run.result(column) for run, column in zip(runs, zip(*timed))]
 
 
-def _timed_step(schedule, stages, holder: nn.Module, x: torch.Tensor, y: torch.Tensor, m: int,
-                clock: Clock | None) -> tuple[float, float, tuple[float, float]]:
-    """(elapsed s, compute s, local (forward s, backward s)) of one step on this rank."""
-    holder.zero_grad(set_to_none=True)
-    dist.barrier()
-    busy0, t0 = clock.busy_s if clock else 0.0, time.perf_counter()
-    _step(schedule, stages, x, y)
-    elapsed = time.perf_counter() - t0
-    if clock:
-        return elapsed, clock.busy_s - busy0, (0.0, 0.0)
-    dist.barrier()   # both ranks re-run at once, as both computed during the step
-    fwd, bwd = _local_compute([stage.submod for stage in stages], x.tensor_split(m))
-    return elapsed, fwd + bwd, (fwd, bwd)
+class _ConfigRun:
+    """One (schedule, m) on this rank: raydl's stages of the 4-block model, fixed inputs and targets."""
+
+    def __init__(self, rank: int, settings: dict, schedule: str, m: int):
+        self.name, self.m, dim, batch = schedule, m, settings["dim"], settings["batch"]
+        self.clock = Clock() if settings["mode"] == "sim" else None
+        layout = Layout(world_size=PP, dp=1, pp=PP, micro_batch=batch // m, num_microbatches=m, schedule=schedule)
+        self.schedule, self.stages, self.holder = pipeline_model(
+            build_model(dim, self.clock, settings["cost_s"]), layout=layout, pp_rank=rank,
+            pp_group=dist.group.WORLD, device=torch.device("cpu"), parallelize=lambda module: module,
+            loss_fn=linear_loss)
+        g = torch.Generator().manual_seed(1)
+        self.x, self.y = torch.randn(batch, dim, generator=g), torch.randn(batch, dim, generator=g)
+
+    def step(self) -> tuple[float, float, tuple[float, float]]:
+        """(elapsed s, compute s, local (forward s, backward s)) of one step on this rank."""
+        self.holder.zero_grad(set_to_none=True)
+        dist.barrier()
+        busy0, t0 = self.clock.busy_s if self.clock else 0.0, time.perf_counter()
+        _step(self.schedule, self.stages, self.x, self.y)
+        elapsed = time.perf_counter() - t0
+        if self.clock:
+            return elapsed, self.clock.busy_s - busy0, (0.0, 0.0)
+        dist.barrier()   # both ranks re-run at once, as both computed during the step
+        fwd, bwd = _local_compute([stage.submod for stage in self.stages], self.x.tensor_split(self.m))
+        return elapsed, fwd + bwd, (fwd, bwd)
+
+    def result(self, timed: Iterable[tuple[float, float, tuple[float, float]]]) -> dict[str, Any]:
+        """The timed steps' numbers, then one more step for memory and pass counts."""
+        step_s, busy_s, local = (list(column) for column in zip(*timed))
+        before = dict(self.clock.counts) if self.clock else {}
+        tracker = SavedBytes(exclude=self.holder.parameters())
+        self.holder.zero_grad(set_to_none=True)
+        dist.barrier()
+        with tracker.hooks():
+            _step(self.schedule, self.stages, self.x, self.y)
+        counts = {kind: n - before[kind] for kind, n in self.clock.counts.items()} if self.clock else {}
+        modules, chunk = [stage.submod for stage in self.stages], self.x.tensor_split(self.m)[0]
+        return {"schedule": self.name, "m": self.m, "step_s": step_s, "busy_s": busy_s, "pass_counts": counts,
+                "local_fwd_bwd_s": local, "peak_saved_bytes": tracker.peak,
+                "microbatch_saved_bytes": sum(_saved_bytes(module, chunk) for module in modules),
+                "block_saved_bytes": _saved_bytes(next(iter(modules[0].blocks.values())), chunk),
+                "blocks_on_rank": sum(len(module.blocks) for module in modules)}
 
 
 def _step(schedule, stages, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -352,15 +380,6 @@ def _local_compute(modules: list[nn.Module], chunks: tuple[torch.Tensor, ...]) -
             out.backward(torch.ones_like(out))
             fwd, bwd = fwd + t1 - t0, bwd + time.perf_counter() - t1
     return fwd, bwd
-
-
-def _peak_saved_bytes(schedule, stages, holder: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    tracker = SavedBytes(exclude=holder.parameters())
-    holder.zero_grad(set_to_none=True)
-    dist.barrier()
-    with tracker.hooks():
-        _step(schedule, stages, x, y)
-    return tracker.peak
 
 
 def _saved_bytes(module: nn.Module, chunk: torch.Tensor) -> int:
@@ -404,25 +423,33 @@ def summarize(raw: dict[str, Any], settings: dict) -> list[dict[str, Any]]:
 
 
 def _planner_columns(row: dict, by_rank: tuple[dict, ...], settings: dict, latency: float) -> dict[str, Any]:
-    schedule, m = row["schedule"], row["m"]
-    micro = settings["batch"] // m
-    cost_s = settings["cost_s"] if settings["mode"] == "sim" else _measured_pass_s(by_rank, m)
-    profile = sim_profile(cost_s=cost_s, block_activation_bytes=by_rank[0]["block_saved_bytes"], micro_batch=micro,
-                          dim=settings["dim"], p2p_latency_s=latency)
-    layout = planner.evaluate(profile, world_size=PP, pp=PP, schedule=schedule, global_batch=settings["batch"],
-                              device_memory_bytes=2**40, num_microbatches=m)
-    per_rank = [sum(layout.stages[i].peak_memory_bytes for i in stage_indices(schedule, PP, r)) for r in range(PP)]
-    return {"planner_bubble": layout.bubble_fraction, "planner_step_s": layout.predicted_step_s,
-            "step_error_pct": 100 * (layout.predicted_step_s / row["step_s"] - 1),
-            "planner_activation_bytes": per_rank, "profile_pass_s": cost_s}
+    """The planner's bubble, activation memory per rank and step time for this config. Step time twice:
+    from the nominal pass cost (sim: --cost-ms) and from the measured one (busier rank's compute per
+    pass, which in sim mode includes the sleeps' oversleep); real mode has only the measured one."""
+    measured = _measured_pass_s(by_rank, row["m"])
+    nominal = _evaluate(row, by_rank, settings, latency, settings["cost_s"] or measured)
+    fitted = _evaluate(row, by_rank, settings, latency, measured)
+    per_rank = [sum(nominal.stages[i].peak_memory_bytes for i in stage_indices(row["schedule"], PP, r))
+                for r in range(PP)]
+    return {"planner_bubble": nominal.bubble_fraction, "planner_activation_bytes": per_rank,
+            "pass_s_nominal": settings["cost_s"] or measured, "pass_s_measured": measured,
+            "planner_step_s": nominal.predicted_step_s,
+            "step_error_pct": 100 * (nominal.predicted_step_s / row["step_s"] - 1),
+            "planner_step_measured_pass_s": fitted.predicted_step_s,
+            "step_error_measured_pass_pct": 100 * (fitted.predicted_step_s / row["step_s"] - 1)}
+
+
+def _evaluate(row: dict, by_rank: tuple[dict, ...], settings: dict, latency: float, pass_s: float) -> planner.Layout:
+    profile = sim_profile(cost_s=pass_s, block_activation_bytes=by_rank[0]["block_saved_bytes"],
+                          micro_batch=settings["batch"] // row["m"], dim=settings["dim"], p2p_latency_s=latency)
+    return planner.evaluate(profile, world_size=PP, pp=PP, schedule=row["schedule"], global_batch=settings["batch"],
+                            device_memory_bytes=2**40, num_microbatches=row["m"])
 
 
 def _measured_pass_s(by_rank: tuple[dict, ...], m: int) -> float:
-    """Real mode: one pass (F, B or W) of one block per micro-batch, from the busier rank's local re-run
-    (median over steps; backward counted as 2 passes, as B + W)."""
-    per_rank = [statistics.median(f + b for f, b in r["local_fwd_bwd_s"]) / (3 * m * r["blocks_on_rank"])
-                for r in by_rank]
-    return max(per_rank)
+    """Seconds of one pass (F, B or W) of one block on one micro-batch: the median compute per step of
+    the busier rank over its 3 passes x m micro-batches x blocks."""
+    return max(statistics.median(r["busy_s"]) / (3 * m * r["blocks_on_rank"]) for r in by_rank)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(args) -> dict[str, Any]:
     if args.repeats < 1 or args.warmup < 0:
-        raise ConfigError("--repeats/--warmup", f"are {args.repeats}/{args.warmup}", "use --repeats >= 1, --warmup >= 0")
+        raise ConfigError("--repeats/--warmup", f"are {args.repeats}/{args.warmup}",
+                          "use --repeats >= 1 and --warmup >= 0")
     sim = args.mode == "sim"
     batch = args.batch or (64 if sim else 256)
     bad = [m for m in args.microbatches if m < 1 or batch % m]
@@ -466,16 +494,22 @@ def _settings(args) -> dict[str, Any]:
             "configs": configs, "skipped": skipped}
 
 
-def _error_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    errors = [abs(r["step_error_pct"]) for r in rows]
-    return {"median_abs": statistics.median(errors), "max_abs": max(errors)}
+def _error_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    summary = {}
+    for key in ("step_error_pct", "step_error_measured_pass_pct"):
+        errors = [abs(r[key]) for r in rows]
+        summary[key] = {"median_abs": statistics.median(errors), "max_abs": max(errors)}
+    return summary
 
 
 def _report(rows: list[dict[str, Any]], goals: dict[str, Any], latency: float) -> None:
     print(markdown_table(rows))
     errors = _error_summary(rows)
-    print(f"\nP2P latency {1e6 * latency:.0f} us; planner step-time error: median |err| {errors['median_abs']:.1f}%, "
-          f"max {errors['max_abs']:.1f}%")
+    print(f"\nP2P latency {1e6 * latency:.0f} us. Planner step-time error, median |err| (max): "
+          f"nominal pass cost {errors['step_error_pct']['median_abs']:.1f}% "
+          f"({errors['step_error_pct']['max_abs']:.1f}%), measured pass cost "
+          f"{errors['step_error_measured_pass_pct']['median_abs']:.1f}% "
+          f"({errors['step_error_measured_pass_pct']['max_abs']:.1f}%)")
     for name, goal in goals.items():
         print(f"goal {name}: {'PASS' if goal['pass'] else 'FAIL'}")
     sys.stdout.flush()

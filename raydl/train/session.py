@@ -10,6 +10,7 @@ rank-0 process writes metrics itself.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -35,6 +36,11 @@ class RaySession:
         import ray.train
 
         self._train = ray.train
+        # Ray echoes every report's full metrics (raydl's step records) at INFO; raydl prints its own progress.
+        # (that module names its logger by __file__).
+        from ray.train.v2._internal.execution import context as ray_context
+
+        logging.getLogger(ray_context.__file__).setLevel(logging.WARNING)
         ctx = ray.train.get_context()
         self.world_size, self.rank = ctx.get_world_size(), ctx.get_world_rank()
         self.local_rank = ctx.get_local_rank()

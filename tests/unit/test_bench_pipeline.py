@@ -1,4 +1,4 @@
-"""Pure parts of `raydl bench pipeline`: config filter, bubble arithmetic, goals, saved-tensor accounting, sleep split."""
+"""Pure parts of `raydl bench pipeline`: config filter, bubble arithmetic, goals, saved-bytes accounting, sleeps."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def test_per_step_takes_slowest_rank_and_busiest_rank():
 def _row(schedule, m, bubble, step_s, peak=(100, 100)):
     return {"schedule": schedule, "m": m, "bubble": bubble, "step_s": step_s, "busy_s": step_s * (1 - bubble),
             "formula_bubble": formula_bubble(schedule, m), "planner_bubble": 0.1, "planner_step_s": step_s,
-            "step_error_pct": 0.0, "peak_saved_bytes": list(peak), "in_flight_microbatches": [4.0, 4.0],
-            "planner_activation_bytes": list(peak)}
+            "step_error_pct": 0.0, "step_error_measured_pass_pct": 0.0, "peak_saved_bytes": list(peak),
+            "in_flight_microbatches": [4.0, 4.0], "planner_activation_bytes": list(peak)}
 
 
 def test_goals_pass_and_fail_on_the_numbers():
