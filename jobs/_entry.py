@@ -24,10 +24,13 @@ def main(command: str, argv: list[str]) -> int:
         if "--address" not in argv and _accepts_address(build_parser(), command):
             argv = [*argv, "--address", "auto"]
     print(f"[raydl] job entry: raydl {command} from {Path(raydl.__file__).parent}, ray address "
-          f"{os.environ.get('RAY_ADDRESS', 'local')}", flush=True)
+          f"{os.environ.get('RAY_ADDRESS') or 'local (none set)'}", flush=True)
     return cli_main([command, *argv])
 
 
 def _accepts_address(parser, command: str) -> bool:
-    sub = next(a for a in parser._actions if a.choices and command in a.choices)
-    return "--address" in sub.choices[command]._option_string_actions
+    """Whether `raydl <command>` has an --address option (argparse keeps subcommands in private fields)."""
+    for action in parser._actions:
+        if action.choices and command in action.choices:
+            return "--address" in action.choices[command]._option_string_actions
+    return False   # no such command installed: let the CLI itself report it

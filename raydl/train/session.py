@@ -45,6 +45,7 @@ class RaySession:
         self.world_size, self.rank = ctx.get_world_size(), ctx.get_world_rank()
         self.local_rank = ctx.get_local_rank()
         self.device = pick_device(self.local_rank)
+        self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
@@ -53,6 +54,7 @@ class RaySession:
             yield None
             return
         reported = [r.checkpoint for r in self._train.get_all_reported_checkpoints()]
+        self.registered = {Path(c.path).name for c in reported}
         with contextlib.ExitStack() as stack:
             dirs = [stack.enter_context(c.as_directory()) for c in reversed(reported)]
             yield ckpt.first_valid(dirs)
@@ -68,9 +70,20 @@ class RaySession:
         try:
             save_fn(d)
             self._train.report(metrics, checkpoint=Checkpoint.from_directory(d),
-                               checkpoint_dir_name=ckpt.checkpoint_name(step))
+                               checkpoint_dir_name=self._unused_name(step))
         finally:
             shutil.rmtree(d, ignore_errors=True)
+
+    def _unused_name(self, step: int) -> str:
+        """step_N, or step_N.2, .3, ... when step N is redone after a fallback past a corrupt checkpoint N.
+
+        Ray deletes an evicted checkpoint by its path: a second registered step_N would have its files
+        deleted with the first, and the second deletion fails the run (FileNotFoundError in the controller).
+        The names sort newest first, as `checkpoint.all_complete` expects."""
+        name, n = ckpt.checkpoint_name(step), 1
+        while (candidate := name if n == 1 else f"{name}.{n}") in self.registered:
+            n += 1
+        return candidate
 
     def report(self, metrics: dict[str, Any]) -> None:
         self._train.report(metrics)

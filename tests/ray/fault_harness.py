@@ -246,7 +246,7 @@ def checkpoints(run_dir: Path) -> list[int]:
         data = json.loads((run_dir / "train" / "checkpoint_manager_snapshot.json").read_text())
     except (OSError, ValueError):   # not written yet, or being rewritten
         return []
-    return sorted({int(r["checkpoint_dir_name"].split("_")[1]) for r in data["checkpoint_results"]})
+    return sorted({int(r["checkpoint_dir_name"][len("step_"):].split(".")[0]) for r in data["checkpoint_results"]})
 
 
 def reference_run(run_dir: Path, overrides: list[str], *, nproc: int = 2) -> dict[str, Any]:

@@ -148,3 +148,4 @@ def test_job_entry_adds_address_only_where_the_command_takes_it(monkeypatch):
 
     parser = build_parser()
     assert _accepts_address(parser, "train") and not _accepts_address(parser, "config")
+    assert not _accepts_address(parser, "no-such-command")
