@@ -67,11 +67,11 @@ _PREFERENCE = ("1f1b", "gpipe", "loopedbfs", "interleaved1f1b", "interleavedzb",
 # The fill/drain of a pipeline idles p-1 "slots"; a slot is 1/k of one micro-batch's work on a rank.
 # Interleaving (v=2) halves the slot; ZB-H1 splits backward into B and W, so with T_F=T_B=T_W a slot is
 # one of the three passes. ZB-V (and DualPipeV, its cut-in-half DualPipe) fills the pipeline fully in
-# the paper's ideal; we keep p-1 slots of one pass of one of the 2 chunks (1/6) so that they rank ahead
-# of ZB-H1 without being free: real F, B and W never take equal time. (On CPU, notes §2b measured
-# 0.08-0.12 at p=2-4, m=8, most of it P2P latency, which the model charges separately.)
+# the paper's ideal, but `raydl bench pipeline` measured 0.08-0.11 at p=2, m=8 (0.10 at m=4; notes §2b
+# 0.08-0.12), about k=2 on this CPU, where every interleaved/zero-bubble schedule landed within noise of
+# the others. k=4 keeps the papers' order (ZB-V ahead of ZB-H1) while halving the old optimism (k=6).
 _BUBBLE_SLOTS_PER_MICROBATCH = {
-    "gpipe": 1, "1f1b": 1, "loopedbfs": _V, "interleaved1f1b": _V, "interleavedzb": 3, "zbv": 6, "dualpipev": 6,
+    "gpipe": 1, "1f1b": 1, "loopedbfs": _V, "interleaved1f1b": _V, "interleavedzb": 3, "zbv": 4, "dualpipev": 4,
 }
 _MIB = 2**20
 
@@ -170,6 +170,10 @@ def bubble_fraction(schedule: str, pp: int, num_microbatches: int) -> float:
     _check_schedule_name(schedule)
     _require_positive(pp=pp, num_microbatches=num_microbatches)
     slots = _BUBBLE_SLOTS_PER_MICROBATCH[schedule] * num_microbatches
+    if num_microbatches < pp and schedule not in _SINGLE_STAGE:
+        # Fewer micro-batches than ranks: a rank's two stages cannot overlap anything, so the
+        # multi-stage schedules idle like GPipe (measured 0.52 for loopedbfs/interleaved1f1b at p=2, m=1).
+        slots = num_microbatches
     return (pp - 1) / (slots + pp - 1)
 
 

@@ -24,12 +24,16 @@ class MetricsCallback(UserCallback):
         if self.writer is None:
             self.writer = MetricsWriter(self.run_dir, progress=self.progress)
         rank0 = dict(metrics[0])
-        if self.pending_cause:
+        if rank0.get("preempted"):   # the checkpoint at a drain notice: the group's end, whatever errors follow
+            self.pending_cause = f"preemption notice (checkpoint at step {rank0['step']})"
+        elif self.pending_cause:
             rank0["restart_cause"], self.pending_cause = self.pending_cause, None
         self.writer.write(rank0, world_size=len(metrics), checkpoint=checkpoint.path if checkpoint else None)
         if rank0.get("final"):
             self.writer.write_summary(rank0["final_info"])
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        if self.pending_cause and self.pending_cause.startswith("preemption"):
+            return   # the preempted node going away, not a failure of its own
         rank, error = next(iter(worker_exceptions.items()))
         self.pending_cause = f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"

@@ -41,7 +41,10 @@ class MetricsWriter:
     def write(self, report: dict[str, Any], *, world_size: int, checkpoint: str | None = None) -> None:
         records = report.get("records", [])
         if records and self.records and report.get("group_start"):
-            self.restarts.append(self._restart(report.get("restart_cause", "resize or preemption"), records[0]))
+            before = self.records[-1]["world_size"]
+            cause = report.get("restart_cause") or (f"resize {before} -> {world_size} workers" if before != world_size
+                                                    else "restart (no worker error reported)")
+            self.restarts.append(self._restart(cause, records[0]))
         if world_size not in self.world_sizes:
             self.world_sizes.append(world_size)
         self._note_layout(report.get("layout"), records)

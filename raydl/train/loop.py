@@ -135,7 +135,9 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
             if not saved_on_notice and session.preemption_notice():
                 checkpoint_due = saved_on_notice = True   # save now; Ray restarts the group smaller later
             report(session, clock, stats.has_loss, layout, total_steps, checkpoint=save if checkpoint_due else None,
-                   step=state.step)
+                   step=state.step, preempted=saved_on_notice)
+            if saved_on_notice:
+                session.wait_for_restart()
 
     result = evaluate()
     final = {"samples": state.samples, "eval": result, "precision": cfg.train.precision,
@@ -145,7 +147,8 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
-def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, *, checkpoint, step: int) -> None:
+def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, *, checkpoint, step: int,
+           preempted: bool = False) -> None:
     """Report the steps since the last report (a barrier on every rank); with a checkpoint if due."""
     records = clock.drain()
     for r, loss in zip(records, mean_over_loss_ranks([r["loss"] for r in records], has_loss, session.device)):
@@ -154,7 +157,8 @@ def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, 
             raise FloatingPointError(f"training diverged: loss is {loss} at step {r['step']} (lr {r['lr']:.3g}). "
                                      "Fix: lower train.lr, raise train.warmup_steps, or use bf16 instead of fp16")
     metrics = {"records": records if session.rank == 0 else [], "layout": layout.to_dict(),
-               "total_steps": total_steps, "step": step, "group_start": records[0]["step"] == clock.first_step}
+               "total_steps": total_steps, "step": step, "group_start": records[0]["step"] == clock.first_step,
+               "preempted": preempted}
     if checkpoint:
         session.save_and_report(step, metrics, checkpoint)
     else:

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,6 +63,16 @@ class RaySession:
     def preemption_notice(self) -> bool:
         """True once a node of this group got a drain/preemption notice (a barrier: call on every rank)."""
         return self._train.get_preemption_info() is not None
+
+    def wait_for_restart(self) -> None:
+        """After the checkpoint at a preemption notice: stop stepping until Ray replaces this worker group.
+
+        Ray restarts the group at the drain deadline anyway, and resumes from that checkpoint, so further
+        steps would only be redone. Worse, when the preempted node goes away mid-collective, the survivors
+        fail with a connection error, and if Ray polls that error before the preempted rank's death it
+        counts as an ordinary failure (against max_failures) instead of a preemption."""
+        while True:
+            time.sleep(1.0)
 
     def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
         from ray.train import Checkpoint

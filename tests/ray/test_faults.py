@@ -241,7 +241,7 @@ def test_node_added_run_grows_onto_it(cluster, run_on, reference, data_cache):
     assert [(x["world_size"], x["dp"], x["pp"], x["num_microbatches"]) for x in summary["layouts"]] == \
         [(1, 1, 1, 2), (2, 2, 1, 1)]                 # the global batch stays 64: 1 x 2 x 32, then 2 x 1 x 32
     [restart] = summary["restarts"]
-    assert restart["steps_redone"] <= EVERY, restart
+    assert restart["cause"] == "resize 1 -> 2 workers" and restart["steps_redone"] <= EVERY, restart
     assert_exactly_once(run, data_cache)
     assert_close_result(summary, reference, rel=TOLERANCE)
 
@@ -265,7 +265,8 @@ def test_preemption_notice_checkpoints_shrinks_and_survives_max_failures_0(clust
 
     assert summary["world_sizes"] == [2, 1], summary["world_sizes"]
     [restart] = summary["restarts"]
-    assert restart["resumed_at_step"] == notice[0], (restart, notice)
+    assert restart["cause"] == f"preemption notice (checkpoint at step {notice[0]})", restart
+    assert restart["resumed_at_step"] == notice[0] and restart["steps_redone"] == 0, (restart, notice)
     assert_exactly_once(run, data_cache)
     assert_close_result(summary, reference, rel=TOLERANCE)
 
@@ -277,7 +278,7 @@ def test_growth_changes_pipeline_layout(cluster, run_on, reference, data_cache):
     cluster.resize(1)
     run = run_on("scaling.min_workers=2", "scaling.max_workers=3", "scaling.resize_check_s=5",
                  "parallel.pp_degree=auto")
-    run.workers(2, deadline_s=240)
+    run.wait_step(EVERY, deadline_s=240)     # the 2-worker group has trained (and planned its layout)
     cluster.add()
     t_add = time.monotonic()
     run.wait_for("training at 3 workers", lambda: run.world_size() == 3, 240)
