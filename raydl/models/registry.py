@@ -23,6 +23,7 @@ class ModelSpec:
     correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]]
     inputs_targets: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
     units_per_sample: Callable[[dict[str, Any]], int]   # tokens per sample (or 1 image), for throughput
+    flops_per_sample: Callable[[ModelSection, dict[str, Any]], float]   # training FLOPs, for MFU; 0 = unknown
 
 
 def _tokens(batch):
@@ -45,9 +46,11 @@ def _build_resnet(m: ModelSection, meta: dict[str, Any]) -> BlockModel:
 
 REGISTRY: dict[str, ModelSpec] = {
     "gpt": ModelSpec("gpt", tuple(gpt.SIZES), "tokens", _build_gpt, gpt.gpt_loss, gpt.gpt_correct, _tokens,
-                     lambda meta: meta["seq_len"]),
+                     lambda meta: meta["seq_len"],
+                     lambda m, meta: meta["seq_len"] * gpt.gpt_flops_per_token(m.size, vocab_size=meta["vocab_size"],
+                                                                               seq_len=meta["seq_len"])),
     "resnet": ModelSpec("resnet", tuple(resnet.SIZES), "images", _build_resnet, resnet.resnet_loss,
-                        resnet.resnet_correct, _images, lambda meta: 1),
+                        resnet.resnet_correct, _images, lambda meta: 1, lambda m, meta: 0.0),
 }
 
 

@@ -19,6 +19,18 @@ from typing import Any
 import torch
 
 
+# Dense bf16/fp16 tensor-core peak per GPU (NVIDIA datasheets; the values torchtitan and nanoGPT use).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10G": 125e12}
+
+
+def peak_flops(device: torch.device) -> float:
+    """The device's bf16 peak, or 0 when unknown (CPU, unlisted GPU): then no MFU is reported."""
+    if device.type != "cuda":
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), 0.0)
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -99,6 +111,7 @@ class MetricsWriter:
             "samples_per_s": statistics.median(steady) if steady else 0.0,
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs[len(recs) // 5:]) if recs else 0.0,
             "data_wait_frac": statistics.median(wait),
+            **self._median_of_steady(("model_tflops_per_s", "mfu")),
             "peak_memory_mb": max((r["peak_memory_mb"] for r in recs), default=0.0),
             "world_sizes": self.world_sizes,
             "layouts": self.layouts,
@@ -107,6 +120,10 @@ class MetricsWriter:
             "wall_s": final.get("wall_s"),
             "checkpoint": self.last_checkpoint,
         }
+
+    def _median_of_steady(self, keys: tuple[str, ...]) -> dict[str, float]:
+        steady = self.records[len(self.records) // 5:]
+        return {k: statistics.median(r[k] for r in steady) for k in keys if steady and k in steady[-1]}
 
     def write_summary(self, final: dict[str, Any]) -> dict[str, Any]:
         summary = self.summary(final)
@@ -117,8 +134,9 @@ class MetricsWriter:
 class StepClock:
     """Collects this worker's per-step records between two reports."""
 
-    def __init__(self, first_step: int = 1):
+    def __init__(self, first_step: int = 1, peak_flops_total: float = 0.0):
         self.pending: list[dict[str, Any]] = []
+        self.peak_flops_total = peak_flops_total   # over all workers: MFU = model FLOP/s / this
         self.first_step = first_step          # the first step this worker group will run
         self.t_last = time.perf_counter()
 
@@ -130,6 +148,11 @@ class StepClock:
         fields["data_wait_frac"] = fields["data_wait_s"] / step_s if step_s else 0.0
         fields["samples_per_s"] = fields["samples"] / step_s
         fields["tokens_per_s"] = fields["samples"] * fields.pop("units_per_sample") / step_s
+        flops_per_s = fields["samples"] * fields.pop("flops_per_sample") / step_s
+        if flops_per_s:
+            fields["model_tflops_per_s"] = flops_per_s / 1e12   # all workers together
+            if self.peak_flops_total:
+                fields["mfu"] = flops_per_s / self.peak_flops_total
         self.pending.append(fields)
 
     def drain(self) -> list[dict[str, Any]]:

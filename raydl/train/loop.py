@@ -26,7 +26,7 @@ from raydl.data.order import DataPosition
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.parallel.engine import build_engine
-from raydl.telemetry.metrics import StepClock, peak_memory_mb
+from raydl.telemetry.metrics import StepClock, peak_flops, peak_memory_mb
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.train import checkpoint as ckpt
 from raydl.train.optim import build_optimizer, lr_at, set_lr
@@ -96,7 +96,8 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
                         backend=cfg.data.backend)
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
-    clock, units = StepClock(first_step=state.step + 1), spec.units_per_sample(info.meta)
+    clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size)
+    units, flops = spec.units_per_sample(info.meta), spec.flops_per_sample(cfg.model, info.meta)
     if session.rank == 0:
         print(f"[raydl] world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
               f"{fingerprint['params'] / 1e6:.2f}M params", flush=True)
@@ -123,7 +124,7 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
         clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr, grad_norm=grad_norm,
                      data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, samples=layout.global_batch,
-                     units_per_sample=units,
+                     units_per_sample=units, flops_per_sample=flops,
                      world_size=session.world_size, peak_memory_mb=peak_memory_mb(session.device),
                      time=time.time(), **gpu.read())
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < total_steps:
