@@ -14,6 +14,7 @@ after any restart: the remaining rows are still consumed exactly once.
 from __future__ import annotations
 
 import atexit
+import collections
 import queue
 import threading
 import time
@@ -29,6 +30,8 @@ from raydl.data.dataset import DatasetInfo, schema_dict
 from raydl.data.ledger import Ledger
 from raydl.data.order import DataPosition, EpochOrder, RowGroup, rank_slice, steps_per_epoch
 from raydl.errors import DataError
+
+OPEN_SHARDS = 64
 
 
 @dataclass
@@ -83,7 +86,8 @@ class SplitReader:
         self.schema: pa.Schema | None = None      # of the first shard read; every other must match
         self._cache: tuple[tuple[int, int], pa.Table] | None = None
         self._order: EpochOrder | None = None
-        self._file: tuple[str, pq.ParquetFile] | None = None    # the shard last read, kept open
+        # Shards kept open: a shuffled window hops between shards, and reopening re-parses the footer.
+        self._files: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()
 
     def order(self, epoch: int) -> EpochOrder:
         if self._order is None or self._order.epoch != epoch:     # keep its cached permutations
@@ -95,16 +99,19 @@ class SplitReader:
         if path in self.bad_shards:
             return self._placeholder(g.rows)
         try:
-            table = self._open(path).read_row_group(g.index, use_threads=False)
+            return self._open(path).read_row_group(g.index, use_threads=False)
         except (OSError, pa.ArrowException) as e:
             return self._skip(path, g, e)
-        self._check_schema(path, table.schema)
-        return table
 
     def _open(self, path: str) -> pq.ParquetFile:
-        if self._file is None or self._file[0] != path:
-            self._file = (path, pq.ParquetFile(self.fs.open_input_file(path)))
-        return self._file[1]
+        if path in self._files:
+            self._files.move_to_end(path)
+        else:
+            self._files[path] = pq.ParquetFile(self.fs.open_input_file(path))
+            self._check_schema(path, self._files[path].schema_arrow)
+            if len(self._files) > OPEN_SHARDS:
+                self._files.popitem(last=False)
+        return self._files[path]
 
     def _check_schema(self, path: str, schema: pa.Schema) -> None:
         expected = self.info.meta["schema"]

@@ -10,7 +10,8 @@ from outside, as real ones do. Every test checks:
   * the sample-id ledger: the ids of the committed steps (each attempt up to the checkpoint the next attempt
     loaded, plus the last attempt) are every sample of each epoch exactly once;
   * the final loss against the fault-free run (torchrun, same config): exactly equal where every attempt
-    trained with the reference's layout (dp=2), within a stated tolerance where the layout changed.
+    trained with the reference's layout (dp=2); where the layout changed, equal up to the restart, within 1e-4
+    at the first step after it, and within a stated band at the end (see RESUME_TOLERANCE).
 
     RAY_TMPDIR=/tmp/ray-$USER pytest tests/ray/test_faults.py -s     # -s prints the [fault] timings
 """
@@ -30,13 +31,26 @@ from raydl.data.dataset import resolve_path
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
-from tests.ray.fault_harness import (FaultCluster, Run, attempt_starts, checkpoints, committed_ids, epoch_ids, kill,
-                                     open_files, poll, reference_run, train_workers)
+from raydl.bench.recovery import FaultCluster, Run, kill, poll, train_workers
+from tests.ray.fault_harness import (attempt_starts, checkpoints, committed_ids, epoch_ids, ledger, ledger_run,
+                                     open_files, preempted_checkpoints, reference_run)
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = 0.05   # placeholder, set from measurements below
-GB, STEPS, EVERY = 64, 120, 5      # 2 epochs of 60 steps: growth and drain need time to happen
+# Where the layout changed, the result is compared with the fault-free run at the run's *first* layout:
+#  * every step before the first restart: equal within 1e-6 relative (same layout: in practice bit-identical);
+#  * the first step after it: equal within 1e-4. It runs on the checkpoint's weights, so only the forward's
+#    summation order differs; a wrong or partial resume (weights, optimizer, lr, data position) shows here;
+#  * the final loss: within 30%, a sanity band only. Another layout sums the same mean gradient in another
+#    order and training amplifies the rounding differences: fault-free 1 vs 2 workers differ by 5e-8 at step 3,
+#    4e-7 at 30, 2e-5 at 40, 1e-3 at 60, 2.9e-3 at 120; the faulted runs here ended 4e-6 to 1.5e-1 apart after
+#    300 steps (the model is mid-way through learning the addition task, where small shifts move the loss).
+RESUME_TOLERANCE, FINAL_BAND = 1e-4, 0.3
+GB, STEPS, EVERY = 64, 120, 5      # 2 epochs of 60 steps
+# Growth and drain must happen while the run trains: a new node is seen within ~20 s (Ray's autoscaling
+# coordinator ticks every 20 s, not configurable), a drain notice within ~5 s. 300 steps last long enough
+# even when the machine is idle (0.1 s/step at 1 worker).
+LONG = ("train.max_steps=300", "checkpoint.every_steps=10")
 
 
 def base(data_cache: Path) -> list[str]:
@@ -53,9 +67,21 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def reference(data_cache, tmp_path_factory) -> dict:
-    """The fault-free run at 2 workers (dp=2), and the built-in dataset every test reads."""
-    return reference_run(tmp_path_factory.mktemp("reference") / "run", base(data_cache))
+def references(data_cache, tmp_path_factory):
+    """reference(*overrides, nproc=2) -> the fault-free torchrun run of base + overrides; cached."""
+    cache: dict[tuple, dict] = {}
+
+    def reference(*overrides: str, nproc: int = 2) -> dict:
+        if (nproc, overrides) not in cache:
+            cache[nproc, overrides] = reference_run(tmp_path_factory.mktemp("reference") / "run",
+                                                    [*base(data_cache), *overrides], nproc=nproc)
+        return cache[nproc, overrides]
+    return reference
+
+
+@pytest.fixture(scope="module")
+def reference(references) -> dict:
+    return references()
 
 
 def data_dir(data_cache: Path) -> Path:
@@ -69,7 +95,7 @@ def run_on(cluster, data_cache, tmp_path):
     runs = []
 
     def start(*overrides: str) -> Run:
-        runs.append(Run(tmp_path, [*base(data_cache), *overrides], cluster.address).start())
+        runs.append(ledger_run(tmp_path, [*base(data_cache), *overrides], cluster.address).start())
         return runs[-1]
 
     yield start
@@ -79,7 +105,10 @@ def run_on(cluster, data_cache, tmp_path):
 
 def assert_exactly_once(run: Run, data_cache: Path) -> None:
     expected = epoch_ids(data_dir(data_cache))
-    for epoch, ids in committed_ids(run.ledger).items():
+    committed = committed_ids(ledger(run))
+    steps = json.loads((run.root / "summary.json").read_text())["steps"]
+    assert sorted(committed) == list(range(steps * GB // len(expected))), sorted(committed)
+    for epoch, ids in committed.items():
         assert len(ids) == len(set(ids)), f"epoch {epoch}: {len(ids) - len(set(ids))} samples trained twice"
         assert sorted(ids) == expected, f"epoch {epoch}: {len(set(expected) - set(ids))} samples never trained"
 
@@ -91,14 +120,21 @@ def assert_same_result(summary: dict, reference: dict) -> None:
     assert summary["eval"] == reference["eval"]
 
 
-def assert_close_result(summary: dict, reference: dict, *, rel: float) -> None:
-    """Another layout (dp x micro-batches, pipeline stages) computes the same global-batch mean gradient, summed
-    in another order: float rounding differences that Adam carries forward, so equal within `rel`."""
+def assert_resumed_like_reference(run: Run, summary: dict, reference: dict) -> None:
+    """The checks above, for a run whose layout changed at its first restart."""
     assert summary["steps"] == reference["steps"] and summary["samples"] == reference["samples"]
-    for key, got, want in (("final_loss", summary["final_loss"], reference["final_loss"]),
-                           ("eval loss", summary["eval"]["loss"], reference["eval"]["loss"])):
-        log(f"{key}: {got:.6f} vs fault-free {want:.6f} (rel diff {abs(got - want) / want:.2e}, tolerance {rel:.0e})")
-        assert got == pytest.approx(want, rel=rel), (key, got, want)
+    records, want = run.records(), reference["losses"]
+    resumed = summary["restarts"][0]["resumed_at_step"]
+    for r in records:
+        if r["step"] <= resumed:
+            assert r["loss"] == pytest.approx(want[r["step"]], rel=1e-6), (r["step"], r["loss"], want[r["step"]])
+    first = [r for r in records if r["step"] == resumed + 1][-1]      # the redone step of the new group
+    log(f"first step after the restart ({first['step']}, {first['world_size']} workers): loss {first['loss']:.7f} "
+        f"vs fault-free {want[first['step']]:.7f}")
+    assert first["loss"] == pytest.approx(want[first["step"]], rel=RESUME_TOLERANCE)
+    log(f"final loss {summary['final_loss']:.4f} vs fault-free {reference['final_loss']:.4f} "
+        f"(rel diff {abs(summary['final_loss'] / reference['final_loss'] - 1):.1e})")
+    assert summary["final_loss"] == pytest.approx(reference["final_loss"], rel=FINAL_BAND)
 
 
 def log(msg: str) -> None:
@@ -124,7 +160,7 @@ def test_worker_killed_three_times_mid_epoch(cluster, run_on, reference, data_ca
     for r in summary["restarts"]:
         assert r["cause"].startswith("rank ") and r["resumed_at_step"] % EVERY == 0, r
         assert 0 <= r["steps_redone"] <= EVERY, r
-    assert len(attempt_starts(run.ledger)) == 4
+    assert len(attempt_starts(ledger(run))) == 4
     assert_exactly_once(run, data_cache)
     assert_same_result(summary, reference)
 
@@ -193,7 +229,7 @@ def test_kill_during_checkpoint_write_never_loads_partial(cluster, run_on, refer
     partial = Path(path).parent
     problem = ckpt.verify(partial)
     # The step being saved: the last one the killed rank took from its loader (the ledger names files by pid).
-    writing = max(r["offset"] for f in run.ledger.glob(f"ledger-{pid}-*.jsonl")
+    writing = max(r["offset"] for f in ledger(run).glob(f"ledger-{pid}-*.jsonl")
                   for r in map(json.loads, f.read_text().splitlines()[1:])) // GB
     log(f"killed pid {pid} while saving step {writing} ({path}); verify: {problem}")
     assert problem, f"{partial} verified complete: the kill came too late to test a partial write"
@@ -223,13 +259,13 @@ def test_node_lost_without_notice_shrinks_and_continues(cluster, run_on, referen
     [restart] = summary["restarts"]
     assert restart["cause"].startswith("rank ") and restart["steps_redone"] <= EVERY, restart
     assert_exactly_once(run, data_cache)
-    assert_close_result(summary, reference, rel=TOLERANCE)
+    assert_resumed_like_reference(run, summary, reference)
 
 
 # ---------------------------------------------------------------------------------------------------- 2
-def test_node_added_run_grows_onto_it(cluster, run_on, reference, data_cache):
+def test_node_added_run_grows_onto_it(cluster, run_on, references, data_cache):
     cluster.resize(0)
-    run = run_on("scaling.min_workers=1", "scaling.max_workers=2", "scaling.resize_check_s=5")
+    run = run_on(*LONG, "scaling.min_workers=1", "scaling.max_workers=2", "scaling.resize_check_s=5")
     run.workers(1, deadline_s=240)
     cluster.add()
     t_add = time.monotonic()
@@ -241,24 +277,24 @@ def test_node_added_run_grows_onto_it(cluster, run_on, reference, data_cache):
     assert [(x["world_size"], x["dp"], x["pp"], x["num_microbatches"]) for x in summary["layouts"]] == \
         [(1, 1, 1, 2), (2, 2, 1, 1)]                 # the global batch stays 64: 1 x 2 x 32, then 2 x 1 x 32
     [restart] = summary["restarts"]
-    assert restart["cause"] == "resize 1 -> 2 workers" and restart["steps_redone"] <= EVERY, restart
+    assert restart["cause"] == "resize 1 -> 2 workers" and restart["steps_redone"] <= 10, restart
     assert_exactly_once(run, data_cache)
-    assert_close_result(summary, reference, rel=TOLERANCE)
+    assert_resumed_like_reference(run, summary, references(*LONG, nproc=1))
 
 
 # ---------------------------------------------------------------------------------------------------- 4
-def test_preemption_notice_checkpoints_shrinks_and_survives_max_failures_0(cluster, run_on, reference, data_cache):
+def test_preemption_notice_checkpoints_shrinks_and_survives_max_failures_0(cluster, run_on, references, data_cache):
     cluster.resize(1)
-    every = 40        # scheduled checkpoints at 40, 80, 120: one at another step is the one taken at the notice
-    run = run_on("scaling.min_workers=1", "scaling.max_workers=2", "scaling.max_failures=0",
-                 f"checkpoint.every_steps={every}")
+    run = run_on(*LONG, "scaling.min_workers=1", "scaling.max_workers=2", "scaling.max_failures=0")
     run.wait_step(12, deadline_s=240)
     node = cluster.nodes[0]
     cluster.drain(node, deadline_s=15)
     t_notice = time.monotonic()
-    notice = run.wait_for("a checkpoint at the notice", lambda: [s for s in checkpoints(run.run_dir) if s % every], 60)
-    log(f"drain notice: checkpoint at step {notice[0]} after {time.monotonic() - t_notice:.1f} s")
-    cluster.remove(node, graceful=False)        # the spot node goes away
+    try:
+        notice = run.wait_for("a checkpoint at the notice", lambda: preempted_checkpoints(run.run_dir), 60)
+        log(f"drain notice: checkpoint at step {notice[0]} after {time.monotonic() - t_notice:.1f} s")
+    finally:
+        cluster.remove(node, graceful=False)        # the spot node goes away
     run.wait_for("training at 1 worker", lambda: run.world_size() == 1, 240)
     log(f"drain notice: {time.monotonic() - t_notice:.1f} s to a reported step at 1 worker")
     summary = run.finish()
@@ -268,15 +304,15 @@ def test_preemption_notice_checkpoints_shrinks_and_survives_max_failures_0(clust
     assert restart["cause"] == f"preemption notice (checkpoint at step {notice[0]})", restart
     assert restart["resumed_at_step"] == notice[0] and restart["steps_redone"] == 0, (restart, notice)
     assert_exactly_once(run, data_cache)
-    assert_close_result(summary, reference, rel=TOLERANCE)
+    assert_resumed_like_reference(run, summary, references(*LONG))
 
 
 # ---------------------------------------------------------------------------------------------------- 7
-def test_growth_changes_pipeline_layout(cluster, run_on, reference, data_cache):
+def test_growth_changes_pipeline_layout(cluster, run_on, references, data_cache):
     """pp=auto at 2 workers plans dp=2 (the planner's choice for this model), at 3 workers pp=3: the global batch
     of 64 does not split over 3 replicas, so the only layouts are 3 pipeline stages."""
     cluster.resize(1)
-    run = run_on("scaling.min_workers=2", "scaling.max_workers=3", "scaling.resize_check_s=5",
+    run = run_on(*LONG, "scaling.min_workers=2", "scaling.max_workers=3", "scaling.resize_check_s=5",
                  "parallel.pp_degree=auto")
     run.wait_step(EVERY, deadline_s=240)     # the 2-worker group has trained (and planned its layout)
     cluster.add()
@@ -290,4 +326,4 @@ def test_growth_changes_pipeline_layout(cluster, run_on, reference, data_cache):
     assert (first["world_size"], last["world_size"]) == (2, 3) and (last["dp"], last["pp"]) == (1, 3), summary["layouts"]
     assert first["pp"] in (1, 2) and last["from_step"] == first["to_step"] - summary["restarts"][0]["steps_redone"] + 1
     assert_exactly_once(run, data_cache)
-    assert_close_result(summary, reference, rel=TOLERANCE)
+    assert_resumed_like_reference(run, summary, references(*LONG))
