@@ -71,7 +71,7 @@ def reference_run(run_dir: Path, overrides: list[str], *, nproc: int = 2) -> dic
                        env={k: v for k, v in os.environ.items() if k != "RAYDL_LEDGER_DIR"})
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    summary["losses"] = {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().split())}
+    summary["losses"] = {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
     return summary
 
 
