@@ -254,11 +254,24 @@ def run_config(data_dir: Path, steps: int, fault: str, setting: str) -> list[str
             "telemetry.progress=false", "scaling.max_failures=3", *workers, *SETTINGS[setting]["overrides"]]
 
 
+def start_at_two_workers(root: Path, overrides: list[str], address: str, env: dict[str, str],
+                         attempts: int = 3) -> Run:
+    """A run whose first worker group has 2 workers. An elastic run started right after a node joined may start
+    with 1 (Train's autoscaling coordinator refreshes its node view every 20 s) and grow only at the next resize
+    check: start it again then, by which time the coordinator has seen the node."""
+    for attempt in range(attempts):
+        run = Run(root / f"try{attempt}", overrides, address, env=env).start()
+        if run.wait_for("a first reported step", run.world_size, deadline_s=300) == 2:
+            return run
+        run.stop()
+    raise RuntimeError(f"no run started with 2 workers in {attempts} attempts:\n{run.tail()}")
+
+
 def measure(cluster: FaultCluster, root: Path, fault: str, setting: str, *, steps: int, at_step: int,
             rng: random.Random) -> dict[str, Any]:
     cluster.resize(1)
-    run = Run(root, run_config(root.parent / "data", steps, fault, setting), cluster.address,
-              env=SETTINGS[setting]["env"]).start()
+    run = start_at_two_workers(root, run_config(root.parent / "data", steps, fault, setting), cluster.address,
+                               SETTINGS[setting]["env"])
     try:
         run.wait_step(at_step, deadline_s=300)
         done_before = run.step()

@@ -94,11 +94,15 @@ def no_local_token(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))   # no ~/.ray/auth_token either
 
 
-def test_missing_token_exit_2(head, no_local_token, capsys):
-    assert main(["submit", "--address", head.address, "--working-dir", str(REPO), "--", "train"]) == 2
-    err = capsys.readouterr().err
-    assert f"the Ray cluster at {head.address} requires an auth token and raydl found none" in err
-    assert "ray get-auth-token" in err and "Traceback" not in err
+def test_missing_token_exit_2(head, tmp_path):
+    # A fresh process, as a user runs it: an in-process ray.init (another test's) leaves Ray's
+    # process-wide token cache set, and Ray's client would send that token by itself.
+    env = {**head.client_env(token_env=False), "HOME": str(tmp_path)}   # no ~/.ray/auth_token either
+    r = subprocess.run([f"{VENV_BIN}/raydl", "submit", "--address", head.address, "--working-dir", str(REPO),
+                        "--", "train"], cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 2, r.stderr
+    assert f"the Ray cluster at {head.address} requires an auth token and raydl found none" in r.stderr
+    assert "ray get-auth-token" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_wrong_token_exit_2(head, no_local_token, monkeypatch, tmp_path, capsys):
