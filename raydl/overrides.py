@@ -50,7 +50,7 @@ def coerce(path: str, value: Any, tp: Any) -> Any:
             value = yaml.safe_load(value) if value.strip() else []
             value = value if isinstance(value, list) else [value]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(path, f"got {value!r}, expected a list", f"write it as [1, 2]")
+            raise ConfigError(path, f"got {value!r}, expected a list", "write it as [1, 2]")
         return [coerce(path, v, item_tp) for v in value]
     if isinstance(value, str) and tp is not str:
         value = _parse_scalar(value, tp)

@@ -16,15 +16,15 @@ and the data-wait share of a training run's summary.json; writes --out (JSON).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from raydl.bench.common import machine, write_result
 
 import numpy as np
 import pyarrow as pa
@@ -104,14 +104,6 @@ def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
             "rows_per_s": rows / statistics.median(warm)}
 
 
-def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    load = os.getloadavg()
-    return {"nproc": os.cpu_count(), "cpu_model": model, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "load_avg_1m_at_start": round(load[0], 2), "python": platform.python_version()}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="raydl bench ingest", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         result["training_data_wait_frac"] = {"summary": args.summary, "data_wait_frac": summary["data_wait_frac"]}
         print(f"[bench] data-wait share of step time ({args.summary}): {100 * summary['data_wait_frac']:.2f}%")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result(args.out, result)
     print(f"[bench] wrote {args.out}")
     return 0
 

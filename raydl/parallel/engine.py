@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel

@@ -8,7 +8,6 @@ would hide what this test checks, the averaging of gradients over replicas."""
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from raydl.data.dataset import ensure_builtin
