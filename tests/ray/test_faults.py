@@ -262,15 +262,20 @@ def test_node_lost_without_notice_shrinks_and_continues(cluster, run_on, referen
     assert_resumed_like_reference(run, summary, reference)
 
 
+def add_node_and_wait(cluster, run, *, workers: int) -> None:
+    """Add a node, then wait until the run reports a step at `workers` workers."""
+    cluster.add()
+    t_add = time.monotonic()
+    run.wait_for(f"training at {workers} workers", lambda: run.world_size() == workers, 240)
+    log(f"node added: {time.monotonic() - t_add:.1f} s to a reported step at {workers} workers")
+
+
 # ---------------------------------------------------------------------------------------------------- 2
 def test_node_added_run_grows_onto_it(cluster, run_on, references, data_cache):
     cluster.resize(0)
     run = run_on(*LONG, "scaling.min_workers=1", "scaling.max_workers=2", "scaling.resize_check_s=5")
     run.workers(1, deadline_s=240)
-    cluster.add()
-    t_add = time.monotonic()
-    run.wait_for("training at 2 workers", lambda: run.world_size() == 2, 240)
-    log(f"node added: {time.monotonic() - t_add:.1f} s to a reported step at 2 workers")
+    add_node_and_wait(cluster, run, workers=2)
     summary = run.finish()
 
     assert summary["world_sizes"] == [1, 2], summary["world_sizes"]
@@ -315,10 +320,7 @@ def test_growth_changes_pipeline_layout(cluster, run_on, references, data_cache)
     run = run_on(*LONG, "scaling.min_workers=2", "scaling.max_workers=3", "scaling.resize_check_s=5",
                  "parallel.pp_degree=auto")
     run.wait_step(EVERY, deadline_s=240)     # the 2-worker group has trained (and planned its layout)
-    cluster.add()
-    t_add = time.monotonic()
-    run.wait_for("training at 3 workers", lambda: run.world_size() == 3, 240)
-    log(f"node added: {time.monotonic() - t_add:.1f} s to a reported step at 3 workers")
+    add_node_and_wait(cluster, run, workers=3)
     summary = run.finish()
 
     assert summary["world_sizes"] == [2, 3], summary["world_sizes"]
