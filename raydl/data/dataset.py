@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raydl.checksum import sha256_file
 from raydl.config import JobConfig
 from raydl.data.builtin import GENERATORS
 from raydl.errors import DataError
@@ -83,16 +83,8 @@ class ShardWriter:
         pq.write_table(table, self.root / name, row_group_size=ROW_GROUP_ROWS)
         groups = [min(ROW_GROUP_ROWS, table.num_rows - i) for i in range(0, table.num_rows, ROW_GROUP_ROWS)]
         self.shards.append({"file": name, "rows": table.num_rows, "row_groups": groups,
-                            "sha256": file_sha256(self.root / name)})
+                            "sha256": sha256_file(self.root / name)})
         self._buffer, self._rows = [], 0
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_split(root: Path, split: str, tables, *, shard_rows: int) -> list[dict[str, Any]]:

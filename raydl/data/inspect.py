@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import pyarrow.parquet as pq
 
+from raydl.checksum import sha256_stream
 from raydl.data.dataset import DatasetInfo, open_dataset
 from raydl.data.prepare import EOS
 from raydl.errors import DataError
@@ -52,11 +52,9 @@ def verify_checksums(info: DatasetInfo) -> int:
     shards = [s for split in info.splits.values() for s in split if s.sha256]
     for shard in shards:
         path = f"{root.rstrip('/')}/{shard.file}"
-        digest = hashlib.sha256()
         with fs.open_input_stream(path) as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != shard.sha256:
+            digest = sha256_stream(f)
+        if digest != shard.sha256:
             raise DataError(f"shard '{path}' does not match its sha256 in manifest.json: it was changed or "
                             f"corrupted. Fix: re-create the dataset with `raydl data prepare`, or set "
                             f"data.max_bad_shards to skip it in training.")

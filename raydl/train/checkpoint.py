@@ -12,17 +12,18 @@ RNG needs no saved state: it is reseeded from (seed, step, rank) every step.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError
 
 STATE_FILE = "raydl_state.json"
@@ -57,12 +58,7 @@ def _write_atomic(target: Path, text: str) -> None:
 
 
 def _fingerprint(f: Path) -> list:
-    digest = hashlib.sha256()
-    with f.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return [f.stat().st_size, digest.hexdigest()]
-
+    return [f.stat().st_size, sha256_file(f)]
 
 def verify(path: str | Path) -> str | None:
     """None if the checkpoint is complete and intact, else what is wrong (the same answer on every rank)."""
@@ -92,6 +88,20 @@ def first_valid(candidates: list[str]) -> str | None:
         nxt = candidates[i + 1] if i + 1 < len(candidates) else "none (starting from scratch)"
         warnings.warn(f"checkpoint {path} is not usable ({problem}); falling back to {nxt}", stacklevel=2)
     return None
+
+
+def agree_on_first_valid(candidates: list[str]) -> str | None:
+    """`first_valid` decided once, on rank 0, and broadcast: verifying reads and hashes every rank's
+    shards, which every rank of a large group would otherwise repeat. Candidates are listed in the
+    same order on every rank (under Ray each node may hold its own download of each)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return first_valid(candidates)
+    choice = [None]
+    if dist.get_rank() == 0:
+        chosen = first_valid(candidates)
+        choice = [candidates.index(chosen) if chosen else -1]
+    dist.broadcast_object_list(choice, src=0)
+    return candidates[choice[0]] if choice[0] >= 0 else None
 
 
 def read_state(path: str | Path) -> dict[str, Any]:

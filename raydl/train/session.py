@@ -58,7 +58,7 @@ class RaySession:
         self.registered = {Path(c.path).name for c in reported}
         with contextlib.ExitStack() as stack:
             dirs = [stack.enter_context(c.as_directory()) for c in reversed(reported)]
-            yield ckpt.first_valid(dirs)
+            yield ckpt.agree_on_first_valid(dirs)
 
     def preemption_notice(self) -> bool:
         """True once a node of this group got a drain/preemption notice (a barrier: call on every rank)."""
@@ -117,7 +117,7 @@ class TorchrunSession:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        yield ckpt.first_valid([str(c) for c in ckpt.all_complete(self.run_dir)])
+        yield ckpt.agree_on_first_valid([str(c) for c in ckpt.all_complete(self.run_dir)])
 
     def preemption_notice(self) -> bool:
         return False   # torchrun has no drain notices; its restarts resume from the run directory

@@ -250,8 +250,8 @@ _GOOD = dict(num_blocks=8, world_size=4, pp=2, schedule="1f1b", num_microbatches
 
 
 def test_validate_accepts_a_good_layout():
-    validate_layout(**_GOOD)
-    validate_layout(**{**_GOOD, "schedule": "zbv", "stage_cuts": (2, 4, 6)})
+    assert validate_layout(**_GOOD) is None   # raises PlanError otherwise
+    assert validate_layout(**{**_GOOD, "schedule": "zbv", "stage_cuts": (2, 4, 6)}) is None
 
 
 @pytest.mark.parametrize(
