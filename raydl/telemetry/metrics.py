@@ -155,6 +155,10 @@ class StepClock:
                 fields["mfu"] = flops_per_s / self.peak_flops_total
         self.pending.append(fields)
 
+    def annotate(self, **fields: Any) -> None:
+        """Add fields to the latest step's record (e.g. an eval run after it)."""
+        self.pending[-1].update(fields)
+
     def drain(self) -> list[dict[str, Any]]:
         out, self.pending = self.pending, []
         return out

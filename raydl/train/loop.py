@@ -129,7 +129,7 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
                      time=time.time(), **gpu.read())
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < total_steps:
             t_eval = time.perf_counter()   # eval_s lets readers take eval time out of the next step's step_s
-            clock.pending[-1].update(eval_loss=evaluate()["loss"], eval_s=time.perf_counter() - t_eval)
+            clock.annotate(eval_loss=evaluate()["loss"], eval_s=time.perf_counter() - t_eval)
         checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == total_steps
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
             # Checked only at reports: it is a barrier, and a drain deadline is seconds away, not steps.
