@@ -61,8 +61,14 @@ class DataSection:
     shuffle: bool = _f(True, "Seeded shuffle that differs per epoch (same seed + epoch = same order).")
     max_bad_shards: int = _f(0, "Corrupt shards to skip (and count) before failing; 0 = fail on the first.")
     prefetch_batches: int = _f(2, "Batches each worker reads ahead so that reading overlaps compute.")
-    backend: str = _f("arrow", "Shard reader: arrow (pyarrow in each worker, fastest on small machines) or ray "
-                      "(Ray Data reads of the same windows; same exactly-once order).", choices=("arrow", "ray"))
+    backend: str = _f("arrow", "Who reads the shards: arrow (pyarrow in each training process, fastest on a small "
+                      "machine, and the only one under torchrun) or ray (Ray Data read tasks on the cluster's CPUs, "
+                      "one streaming execution per epoch). Both give the same rows in the same exactly-once order.",
+                      choices=("arrow", "ray"))
+    read_cpus: float = _f(1.0, "CPUs each Ray Data read task reserves (data.backend=ray). Leave CPUs free for them "
+                          "(scaling.cpus_per_worker below the node's count), or use a fraction to share.")
+    augment: bool = _f(True, "Random flip and shift of training images (image datasets), drawn from "
+                       "(seed, epoch, sample id) so every backend, rank and restart agrees.")
 
 
 @dataclass(kw_only=True)
@@ -187,7 +193,7 @@ def validate(cfg: JobConfig) -> None:
         _positive(cfg, path)
     for path in ("train.max_steps", "train.max_epochs", "train.warmup_steps", "train.grad_clip",
                  "train.weight_decay", "train.eval_every", "parallel.num_microbatches", "data.max_bad_shards",
-                 "data.prefetch_batches", "scaling.gpus_per_worker", "scaling.resize_check_s"):
+                 "data.prefetch_batches", "scaling.gpus_per_worker", "scaling.resize_check_s", "data.read_cpus"):
         _positive(cfg, path, allow_zero=True)
     t, s = cfg.train, cfg.scaling
     if t.max_steps == 0 and t.max_epochs == 0:
@@ -204,6 +210,10 @@ def validate(cfg: JobConfig) -> None:
         raise ConfigError("scaling.max_failures", f"is {s.max_failures}", "use -1 (unlimited), 0 or a positive count")
     if not 0 < cfg.data.eval_fraction < 1:
         raise ConfigError("data.eval_fraction", f"is {cfg.data.eval_fraction}", "use a fraction between 0 and 1")
+    if cfg.data.backend == "ray" and cfg.data.max_bad_shards:
+        raise ConfigError("data.max_bad_shards", "needs data.backend=arrow: Ray Data read tasks run apart and "
+                          "cannot share one count of skipped shards", "set --set data.backend=arrow, or "
+                          "--set data.max_bad_shards=0 to fail on the first bad shard")
     pp = cfg.parallel.pp_degree
     if not (pp == "auto" or (isinstance(pp, int) and pp >= 1)):
         raise ConfigError("parallel.pp_degree", f"is {pp!r}", "use a positive integer or 'auto'")

@@ -3,13 +3,12 @@
     raydl bench ingest [--rows 51200] [--seq-len 512] [--repeats 3] [--variants ...] [--summary RUN/summary.json]
 
 Generates (once) a raydl dataset of random token rows (input_ids + labels, int32; 51,200 x
-512 = 210 MB raw) under --dir (default /tmp), then times one epoch per run of:
+512 = 210 MB raw) under --dir (default /tmp), then times `--repeats` consecutive epochs of:
   pyarrow        ParquetFile.iter_batches(batch) -> torch.from_numpy, one process, file order
-  arrow          raydl StepLoader, data.backend=arrow (shuffled windows, prefetch thread), 1 rank
-  ray-footer1    raydl StepLoader, data.backend=ray, RAY_DATA_PARQUET_FOOTER_NUM_ACTORS=1 (V2 path)
-  ray-v1         raydl StepLoader, data.backend=ray, RAY_DATA_USE_DATASOURCE_V2=0 (V1 path)
-Each variant runs in its own process (env vars are read at import), `--repeats` epochs;
-the first is cold, the median of the rest is reported. Prints rows/s and the ratio to pyarrow,
+  arrow          one raydl StepLoader, data.backend=arrow (shuffled windows, prefetch thread), 1 rank
+  ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution per epoch), 1 rank
+Each variant runs in its own process; the first epoch is cold (for ray it includes starting
+Ray's worker processes), the median of the rest is reported. Prints rows/s and the ratio to pyarrow,
 and the data-wait share of a training run's summary.json; writes --out (JSON).
 """
 
@@ -29,9 +28,7 @@ from raydl.bench.common import machine, write_result
 import numpy as np
 import pyarrow as pa
 
-VARIANTS = {"pyarrow": {}, "arrow": {},
-            "ray-footer1": {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "1"},
-            "ray-v1": {"RAY_DATA_USE_DATASOURCE_V2": "0"}}
+VARIANTS = ("pyarrow", "arrow", "ray")
 
 
 def make_dataset(root: Path, rows: int, seq_len: int) -> Path:
@@ -71,17 +68,21 @@ def epoch_pyarrow(path: Path, batch: int) -> int:
     return rows
 
 
-def epoch_loader(path: Path, batch: int, backend: str, epoch: int) -> int:
+def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[int, list[float]]:
+    """One loader over `epochs` epochs, as training uses it: (rows per epoch, seconds per epoch)."""
     from raydl.data.dataset import open_dataset
     from raydl.data.loader import StepLoader
     from raydl.data.order import DataPosition
 
     loader = StepLoader(open_dataset(str(path)), global_batch=batch, dp_rank=0, dp_size=1, seed=0, shuffle=True,
-                        position=DataPosition(epoch, 0), prefetch=2, backend=backend)
-    rows = 0
-    for b, _ in zip(loader, range(loader.steps_per_epoch)):
-        rows += len(b.tensors["input_ids"])
-    return rows
+                        position=DataPosition(0, 0), prefetch=2, backend=backend)
+    steps, times, rows = iter(loader), [], 0
+    for _ in range(epochs):
+        t0, rows = time.perf_counter(), 0
+        for _ in range(loader.steps_per_epoch):
+            rows += len(next(steps).tensors["input_ids"])
+        times.append(time.perf_counter() - t0)
+    return rows, times
 
 
 def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
@@ -93,12 +94,14 @@ def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    times, rows = [], 0
-    for epoch in range(repeats):
-        t0 = time.perf_counter()
-        rows = epoch_pyarrow(path, batch) if variant == "pyarrow" else \
-            epoch_loader(path, batch, "ray" if variant.startswith("ray") else "arrow", epoch)
-        times.append(time.perf_counter() - t0)
+    if variant == "pyarrow":
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            rows = epoch_pyarrow(path, batch)
+            times.append(time.perf_counter() - t0)
+    else:
+        rows, times = epochs_loader(path, batch, variant, repeats)
     warm = times[1:] or times
     return {"rows": rows, "epoch_s": times, "cold_s": times[0], "warm_median_s": statistics.median(warm),
             "rows_per_s": rows / statistics.median(warm)}
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 "disk_mb": size / 1e6, "batch": args.batch},
               "variants": {}}
     for variant in args.variants:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **VARIANTS[variant]}
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "raydl.bench.ingest", "--variant", variant, "--rows", str(args.rows),
                "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--repeats", str(args.repeats),
                "--dir", args.dir]

@@ -29,6 +29,7 @@ import torch
 from raydl.data.dataset import DatasetInfo, schema_dict
 from raydl.data.ledger import Ledger
 from raydl.data.order import DataPosition, EpochOrder, RowGroup, rank_slice, steps_per_epoch
+from raydl.data.preprocess import make_preprocess
 from raydl.errors import DataError
 
 OPEN_SHARDS = 64
@@ -158,11 +159,14 @@ class SplitReader:
         raise DataError(f"no shard of the {self.split} split of '{self.root}' can be read. Fix: re-create the "
                         f"dataset with `raydl data prepare`.")
 
+    def window_rows(self, order: EpochOrder, window: int) -> pa.Table:
+        """The rows of `window`, its row groups concatenated (not yet shuffled)."""
+        return pa.concat_tables([self._read_row_group(order.row_groups[g]) for g in order.windows[window]])
+
     def _window(self, order: EpochOrder, window: int) -> pa.Table:
         key = (order.epoch, window)
         if self._cache is None or self._cache[0] != key:
-            table = pa.concat_tables([self._read_row_group(order.row_groups[g]) for g in order.windows[window]])
-            self._cache = (key, table.take(pa.array(order.row_permutation(window))))
+            self._cache = (key, self.window_rows(order, window).take(pa.array(order.row_permutation(window))))
         return self._cache[1]
 
     def rows(self, order: EpochOrder, start: int, end: int) -> pa.Table:
@@ -177,27 +181,24 @@ class SplitReader:
         return pa.concat_tables(parts)
 
 
-def make_reader(info: DatasetInfo, split: str, *, backend: str, **kw) -> SplitReader:
-    """data.backend: arrow (pyarrow in this process) or ray (Ray Data reads, raydl.data.ray_source)."""
-    if backend == "ray":
-        from raydl.data.ray_source import RaySplitReader
-
-        return RaySplitReader(info, split, **kw)
-    return SplitReader(info, split, **kw)
-
-
 class StepLoader:
-    """Yields this rank's slice of every global step from `position` on, for `max_epochs` (0 = forever)."""
+    """Yields this rank's slice of every global step from `position` on, for `max_epochs` (0 = forever).
+
+    data.backend picks who reads: `arrow` reads the windows with pyarrow in this process
+    (SplitReader); `ray` streams the same rows, in the same order, through Ray Data read tasks
+    on the cluster's CPUs (raydl.data.ray_source), one execution per epoch.
+    """
 
     def __init__(self, info: DatasetInfo, *, global_batch: int, dp_rank: int, dp_size: int, seed: int,
                  shuffle: bool, position: DataPosition, prefetch: int = 2, split: str = "train",
-                 max_bad_shards: int = 0, backend: str = "arrow"):
-        self.reader = make_reader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards,
-                                  backend=backend)
+                 max_bad_shards: int = 0, backend: str = "arrow", augment: bool = False, read_cpus: float = 1.0):
+        self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
+        self.reader = SplitReader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards)
         self.meta = info.meta
         self.global_batch, self.dp_rank, self.dp_size = global_batch, dp_rank, dp_size
         self.position = position
         self.prefetch = prefetch
+        self.backend, self.augment, self.read_cpus = backend, augment, read_cpus
         self.steps_per_epoch = steps_per_epoch(self.reader.order(0).num_rows, global_batch)
         if self.steps_per_epoch == 0:
             raise DataError(f"the {split} split has {self.reader.order(0).num_rows} rows, fewer than one global batch "
@@ -207,15 +208,34 @@ class StepLoader:
 
     def _produce(self) -> Iterator[StepBatch]:
         epoch, offset = self.position.epoch, self.position.offset
+        for table_epoch, table in self._tables():
+            if table_epoch != epoch:      # drop_last: a final partial global batch is skipped by every rank
+                epoch, offset = table_epoch, 0
+            offset += self.global_batch
+            yield StepBatch(to_tensors(table, self.meta), DataPosition(epoch, offset),
+                            bad_shards=len(self.reader.bad_shards))
+
+    def _tables(self) -> Iterator[tuple[int, pa.Table]]:
+        """(epoch, this rank's preprocessed rows) of every step from `position` on."""
+        kw = dict(seed=self.seed, shuffle=self.shuffle, global_batch=self.global_batch, dp_rank=self.dp_rank,
+                  dp_size=self.dp_size, augment=self.augment)
+        if self.backend == "ray":
+            from raydl.data.ray_source import stream
+
+            yield from stream(self.info, self.split, start=self.position, prefetch=self.prefetch,
+                              read_cpus=self.read_cpus, **kw)
+            return
+        epoch, offset = self.position.epoch, self.position.offset
         while True:
             order = self.reader.order(epoch)
-            if offset + self.global_batch > order.num_rows:       # drop_last: same for every world size
-                epoch, offset = epoch + 1, 0
-                continue
-            start, end = rank_slice(offset, global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size)
-            tensors = to_tensors(self.reader.rows(order, start, end), self.meta)
-            offset += self.global_batch
-            yield StepBatch(tensors, DataPosition(epoch, offset), bad_shards=len(self.reader.bad_shards))
+            preprocess = make_preprocess(self.meta, augment=self.augment, seed=self.seed, epoch=epoch)
+            while offset + self.global_batch <= order.num_rows:
+                start, end = rank_slice(offset, global_batch=self.global_batch, dp_rank=self.dp_rank,
+                                        dp_size=self.dp_size)
+                table = self.reader.rows(order, start, end)
+                yield epoch, preprocess(table) if preprocess else table
+                offset += self.global_batch
+            epoch, offset = epoch + 1, 0
 
     def __iter__(self) -> Iterator[StepBatch]:
         if self.prefetch == 0:

@@ -86,3 +86,14 @@ def rank_slice(position: int, *, global_batch: int, dp_rank: int, dp_size: int) 
     per_rank = global_batch // dp_size
     start = position + dp_rank * per_rank
     return start, start + per_rank
+
+
+def rank_rows_in_window(order: EpochOrder, window: int, *, offset: int, global_batch: int, dp_rank: int,
+                        dp_size: int) -> np.ndarray:
+    """Which rows of `window` (numbered in its shuffled order) this rank takes, in order, for the
+    full global steps from `offset` to the end of the epoch: its `rank_slice` of each step."""
+    last = offset + steps_per_epoch(order.num_rows - offset, global_batch) * global_batch
+    lo, hi = max(int(order.window_starts[window]), offset), min(int(order.window_starts[window + 1]), last)
+    positions = np.arange(lo, hi)
+    mine = (positions - offset) % global_batch // (global_batch // dp_size) == dp_rank
+    return positions[mine] - int(order.window_starts[window])

@@ -93,7 +93,7 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
                         seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
                         prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
-                        backend=cfg.data.backend)
+                        backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus)
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
     clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size)
