@@ -143,6 +143,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             storage_path=storage,
             failure_config=FailureConfig(max_failures=s.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            # Also when connecting to a Ray that was started with another runtime env.
+            worker_runtime_env={"env_vars": ray_env(cfg)},
             callbacks=[MetricsCallback(str(run.run_dir), cfg.telemetry.progress), *callbacks],
             # Ray logs every report's full metrics at INFO; raydl prints its own progress line.
             logging_config=LoggingConfig(log_level="WARNING"),

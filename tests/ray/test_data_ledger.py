@@ -1,6 +1,8 @@
 """Exactly once per epoch, across a worker failure and a resize: a ledger of consumed sample ids.
 
-Real processes under torchrun (gloo), real parquet, real DCP checkpoints. The loader writes the
+Twice: under torchrun (gloo, data.backend=arrow) and through `raydl train` on the session's Ray
+cluster with data.backend=ray, where Ray Train's FailureConfig restarts the worker group and Ray
+Data streams the rows. Real parquet, real DCP checkpoints. The loader writes the
 ids each rank hands to training (RAYDL_LEDGER_DIR, see raydl/data/ledger.py); a step counts as
 consumed if it is at or before the checkpoint the next attempt resumed from (later steps were
 lost with the failed attempt and are redone). The union must be the epoch exactly, no duplicates.
@@ -17,6 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from raydl.overrides import load_config
+from raydl.train.trainer import run_training
 from tests.unit.test_data_loader import make_dataset
 
 pytestmark = pytest.mark.slow
@@ -84,4 +88,36 @@ def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
     dp_sizes = {json.loads(f.read_text().splitlines()[0])["dp_size"] for f in ledger.glob("ledger-*")}
     assert dp_sizes == {1, 2}
     ids = committed_ids(ledger)
+    assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
+
+
+def raydl_train(data: Path, run_dir: Path, workers: int, steps: int, resume: str | None = None) -> dict:
+    sets = [f"data.path={data}", "data.backend=ray", f"run.dir={run_dir}", f"scaling.min_workers={workers}",
+            f"scaling.max_workers={workers}", "scaling.max_failures=1", f"train.max_steps={steps}",
+            f"train.global_batch_size={GB}", "train.micro_batch_size=32", "train.eval_batches=1",
+            "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false"]
+    return run_training(load_config(None, sets), resume=resume)
+
+
+def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_path, monkeypatch):
+    data = make_dataset(tmp_path)
+    failure, resize = tmp_path / "ledger-failure", tmp_path / "ledger-resize"
+    failure.mkdir(), resize.mkdir()
+
+    monkeypatch.setenv("RAYDL_LEDGER_DIR", str(failure))     # reaches the Ray workers (RAYDL_* env)
+    monkeypatch.setenv("RAYDL_FAIL_AT_STEP", "13")
+    summary = raydl_train(data, tmp_path / "run-failure", 2, STEPS)
+    [restart] = summary["restarts"]
+    assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
+    assert summary["steps"] == STEPS
+    assert attempt_starts(failure) == [0, 10 * GB]           # Ray restarted the group from the step-10 checkpoint
+    ids = committed_ids(failure)
+    assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
+
+    monkeypatch.setenv("RAYDL_LEDGER_DIR", str(resize))
+    monkeypatch.delenv("RAYDL_FAIL_AT_STEP")
+    first = raydl_train(data, tmp_path / "run-resize", 2, 15)
+    second = raydl_train(data, tmp_path / "run-resize-1", 1, STEPS, resume=first["run_dir"])
+    assert second["world_sizes"] == [1] and attempt_starts(resize) == [0, 15 * GB]
+    ids = committed_ids(resize)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
