@@ -1,10 +1,18 @@
-"""data.backend=ray reads the same rows, in the same order, at the same positions as the arrow backend."""
+"""data.backend=ray reads the same rows, in the same order, at the same positions as the arrow
+backend (tokens), applies the same augmentation through map_batches (images), and streams a
+dataset larger than the object store."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
-from raydl.data.dataset import open_dataset
+from raydl.config import JobConfig
+from raydl.data.dataset import ensure_builtin, open_dataset
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
 from tests.unit.test_data_loader import make_dataset
@@ -12,11 +20,11 @@ from tests.unit.test_data_loader import make_dataset
 pytestmark = pytest.mark.slow
 
 
-def steps(path, backend: str, dp_rank: int, position: DataPosition, n: int) -> list[tuple]:
+def steps(path, backend: str, dp_rank: int, position: DataPosition, n: int, column: str = "input_ids") -> list:
     loader = StepLoader(open_dataset(str(path)), global_batch=64, dp_rank=dp_rank, dp_size=2, seed=3, shuffle=True,
-                        position=position, prefetch=2, backend=backend)
-    return [(b.position, b.tensors["id"].tolist(), b.tensors["input_ids"].sum().item())
-            for b, _ in zip(loader, range(n))]
+                        position=position, prefetch=2, backend=backend, augment=True)
+    return [(b.position, b.tensors["id"].tolist(), b.tensors[column].double().sum().item())
+            for _, b in zip(range(n), loader)]
 
 
 def test_ray_backend_matches_arrow_from_a_mid_epoch_position(ray_session, tmp_path):
@@ -24,3 +32,51 @@ def test_ray_backend_matches_arrow_from_a_mid_epoch_position(ray_session, tmp_pa
     start = DataPosition(0, 20 * 64)                  # resume mid-epoch, run into the next epoch
     for rank in (0, 1):
         assert steps(path, "ray", rank, start, 16) == steps(path, "arrow", rank, start, 16)
+
+
+def test_ray_backend_augments_images_like_arrow(ray_session, tmp_path):
+    cfg = JobConfig()
+    cfg.data.cache_dir, cfg.data.builtin_samples, cfg.data.shard_rows = str(tmp_path), 1200, 512
+    path = ensure_builtin(cfg, "images")              # 1125 train rows: 17 steps of 64 per epoch
+    start = DataPosition(0, 10 * 64)
+    ray_steps = steps(path, "ray", 1, start, 10, column="image")
+    assert ray_steps == steps(path, "arrow", 1, start, 10, column="image")
+    assert ray_steps[7][0].epoch == 1                 # crossed into an epoch with a new augmentation
+
+
+def test_dataset_larger_than_the_object_store_streams_through(tmp_path):
+    """157 MB of token rows through a Ray whose object store holds 80 MiB: every row once, and the
+    consumer's private memory flat after Ray Data's start-up."""
+    from raydl.bench.ingest import make_dataset as token_rows
+
+    path = token_rows(tmp_path, 38400, 512)
+    script = textwrap.dedent(f"""
+        import json, os, ray
+        from raydl.data.dataset import open_dataset
+        from raydl.data.loader import StepLoader
+        from raydl.data.order import DataPosition
+
+        def rss():     # resident minus shared pages: the object store's mapped blocks are not this process's
+            resident, shared = map(int, open("/proc/self/statm").read().split()[1:3])
+            return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
+
+        ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False)
+        store = ray.cluster_resources()["object_store_memory"]
+        loader = StepLoader(open_dataset({str(path)!r}), global_batch=256, dp_rank=0, dp_size=1, seed=0,
+                            shuffle=True, position=DataPosition(0, 0), prefetch=2, backend="ray")
+        ids, nbytes, memory = [], 0, []
+        for _, batch in zip(range(loader.steps_per_epoch), loader):
+            ids += batch.tensors["id"].tolist()
+            nbytes += sum(t.numel() * t.element_size() for t in batch.tensors.values())
+            memory.append(rss())
+        warm = len(memory) // 4     # after Ray Data's own start-up (imports, executor, first blocks)
+        print(json.dumps({{"store": store, "bytes": nbytes, "rows": len(ids), "distinct": len(set(ids)),
+                          "startup": memory[warm] - memory[0], "growth": max(memory[warm:]) - memory[warm]}}))
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    print(r)
+    assert r["bytes"] > 1.8 * r["store"]                            # the data does not fit in the store
+    assert r["rows"] == r["distinct"] == 38400                      # and every row came through once
+    assert r["growth"] < r["bytes"] / 10                            # without the consumer holding on to it

@@ -38,6 +38,8 @@ def test_yaml_and_overrides_round_trip(tmp_path):
     (["scaling.min_workers=4", "scaling.max_workers=2"], "scaling.min_workers"),
     (["parallel.pp_degree=0"], "parallel.pp_degree"),
     (["train.max_steps=0"], "train.max_steps"),
+    (["data.backend=ray", "data.max_bad_shards=2"], "data.max_bad_shards"),
+    (["data.read_cpus=-1"], "data.read_cpus"),
     (["notakey"], "notakey"),
 ])
 def test_bad_values_name_the_field(override, field):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raydl.data.order import EpochOrder, RowGroup, rank_slice, steps_per_epoch
+from raydl.data.order import EpochOrder, RowGroup, rank_rows_in_window, rank_slice, steps_per_epoch
 
 GROUPS = tuple(RowGroup(shard=i // 4, index=i % 4, rows=256 if i % 4 else 200) for i in range(40))
 
@@ -59,3 +59,18 @@ def test_locate_round_trips():
         window, offset = order.locate(position)
         assert order.window_starts[window] + offset == position
         assert 0 <= offset < order.window_starts[window + 1] - order.window_starts[window]
+
+
+def test_rank_rows_in_window_are_the_rank_slices_of_each_step():
+    """What a Ray Data read task keeps of a window, concatenated over windows, is the rank's slice of
+    every full step from the offset on: the same rows the arrow reader serves."""
+    order = EpochOrder(GROUPS, seed=3, epoch=2, shuffle=True)
+    for offset, global_batch, dp_size in [(0, 96, 3), (5 * 64, 64, 2), (17 * 48, 48, 4), (0, 50, 4)]:
+        for dp_rank in range(dp_size):
+            kept = [order.window_starts[w] + rank_rows_in_window(order, w, offset=offset, global_batch=global_batch,
+                                                                 dp_rank=dp_rank, dp_size=dp_size)
+                    for w in range(len(order.windows))]
+            expected = [np.arange(*rank_slice(offset + s * global_batch, global_batch=global_batch,
+                                              dp_rank=dp_rank, dp_size=dp_size))
+                        for s in range(steps_per_epoch(order.num_rows - offset, global_batch))]
+            assert np.array_equal(np.concatenate(kept), np.concatenate(expected)), (offset, global_batch, dp_rank)
