@@ -25,14 +25,14 @@ import pyarrow as pa
 SHIFT = 4
 
 
-def make_preprocess(meta: dict, *, augment: bool, seed: int, epoch: int) -> Callable[[pa.Table], pa.Table] | None:
-    """The function to apply to each training batch, or None when there is nothing to do."""
+def make_preprocess(meta: dict, *, augment: bool, seed: int) -> Callable[[pa.Table, int], pa.Table] | None:
+    """`fn(table, epoch)` to apply to each batch of training rows, or None when there is nothing to do."""
     if meta["task"] == "images" and augment:
-        return functools.partial(augment_images, image_shape=tuple(meta["image_shape"]), seed=seed, epoch=epoch)
+        return functools.partial(augment_images, image_shape=tuple(meta["image_shape"]), seed=seed)
     return None
 
 
-def augment_images(table: pa.Table, *, image_shape: tuple[int, int, int], seed: int, epoch: int) -> pa.Table:
+def augment_images(table: pa.Table, epoch: int, *, image_shape: tuple[int, int, int], seed: int) -> pa.Table:
     column = table.column("image").combine_chunks()
     images = column.flatten().to_numpy().reshape(len(table), *image_shape)
     draws = _mix(table.column("id").to_numpy(), seed, epoch)

@@ -1,4 +1,4 @@
-"""`data.backend=ray`: each rank streams its rows of an epoch through one Ray Data execution.
+"""`data.backend=ray`: each rank streams its rows through Ray Data, several epochs per execution.
 
 The rows, their order and the data positions are those of the arrow backend (raydl.data.order):
 one global sequence per epoch, rank r taking the r-th slice of every global batch. What Ray
@@ -18,6 +18,11 @@ shuffled order. `PlannedParquet` is a `ray.data.Datasource` with one read task p
 the plan that this rank still needs from its position, so a resumed or resized run streams
 exactly the rest of the epoch.
 
+An execution covers whole epochs until it has `READS_PER_EXECUTION` read tasks, because
+starting one costs about 0.3 s before the first block (raydl bench ingest), paid once per
+execution rather than once per epoch of a small dataset. The read tasks tag rows with their
+epoch only when the preprocessing needs it (image augmentation is drawn per epoch).
+
 Cost: like the arrow backend, every rank decodes every window of the epoch and keeps its
 1/dp share, so decoding grows with the data-parallel degree (the object store and the
 training process see only the rank's share).
@@ -27,8 +32,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Iterator
 
 import pyarrow as pa
 import ray
@@ -37,90 +42,88 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from raydl.data.dataset import DatasetInfo
-from raydl.data.loader import SplitReader
+from raydl.data.loader import SplitReader, take_rows
 from raydl.data.order import DataPosition, rank_rows_in_window, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
 from raydl.errors import DataError
 
+READS_PER_EXECUTION = 256
+EPOCH_COLUMN = "_raydl_epoch"
 
-LOOKAHEAD_STEPS = 64   # start the next epoch's execution this many steps before the current one ends
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one rank reads: the split, its shuffle, and its share of every global batch."""
+    info: DatasetInfo
+    split: str
+    seed: int
+    shuffle: bool
+    global_batch: int
+    dp_rank: int
+    dp_size: int
+
+    def order(self, epoch: int):
+        return SplitReader(self.info, self.split, seed=self.seed, shuffle=self.shuffle).order(epoch)
+
+    def rows(self, order, window: int, offset: int):
+        return rank_rows_in_window(order, window, offset=offset, global_batch=self.global_batch,
+                                   dp_rank=self.dp_rank, dp_size=self.dp_size)
 
 
 def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shuffle: bool, global_batch: int,
            dp_rank: int, dp_size: int, augment: bool, prefetch: int, read_cpus: float) -> Iterator[tuple[int, pa.Table]]:
-    """(epoch, table) for each step from `start` on, one Ray Data execution per epoch.
-
-    An execution takes a few hundred milliseconds to deliver its first block, so the next
-    epoch's is started on a thread `LOOKAHEAD_STEPS` steps before the current one runs out."""
+    """(epoch, this rank's rows) for each step from `start` on."""
     if not ray.is_initialized():
         raise DataError("data.backend=ray needs a Ray cluster, and this worker is not in one (torchrun?). "
                         "Fix: run with `raydl train`, or set data.backend=arrow.")
-    def started(epoch: int, offset: int = 0) -> _Started:
-        return _Started(functools.partial(epoch_tables, info, split, epoch=epoch, offset=offset, seed=seed,
-                                          shuffle=shuffle, global_batch=global_batch, dp_rank=dp_rank,
-                                          dp_size=dp_size, augment=augment, prefetch=prefetch, read_cpus=read_cpus))
-
-    epoch, current = start.epoch, started(start.epoch, start.offset)
+    _configure_ray_data()
+    plan = RankPlan(info, split, seed, shuffle, global_batch, dp_rank, dp_size)
+    preprocess = make_preprocess(info.meta, augment=augment, seed=seed)
+    position = start
     while True:
-        upcoming = None
-        for remaining, table in current:
-            if upcoming is None and remaining <= LOOKAHEAD_STEPS:
-                upcoming = started(epoch + 1)
-            yield epoch, table
-        epoch, current = epoch + 1, upcoming or started(epoch + 1)
+        source = PlannedParquet(plan, position, tag_epoch=preprocess is not None)
+        ds = ray.data.read_datasource(source, num_cpus=read_cpus, override_num_blocks=max(len(source.reads), 1))
+        if preprocess is not None:
+            ds = ds.map_batches(_by_epoch, fn_args=(preprocess,), batch_format="pyarrow", batch_size=None,
+                                zero_copy_batch=True, num_cpus=read_cpus)
+        blocks = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=max(prefetch, 1))
+        steps = iter(_rebatch(_unwrapped(blocks), global_batch // dp_size))
+        for epoch, count in source.steps:
+            for _ in range(count):
+                yield epoch, next(steps)
+        position = DataPosition(source.steps[-1][0] + 1, 0)
 
 
-class _Started:
-    """Iterates what `make()` returns, after fetching its first item on a thread started now."""
-
-    _END = object()
-
-    def __init__(self, make: Callable[[], Iterator]):
-        self._iterator, self._first, self._error = None, self._END, None
-        self._thread = threading.Thread(target=self._start, args=(make,), daemon=True, name="raydl-next-epoch")
-        self._thread.start()
-
-    def _start(self, make) -> None:
-        try:
-            self._iterator = make()
-            self._first = next(self._iterator, self._END)
-        except BaseException as e:      # re-raised in the consuming thread
-            self._error = e
-
-    def __iter__(self) -> Iterator:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        if self._first is not self._END:
-            yield self._first
-            yield from self._iterator
-
-
-def epoch_tables(info: DatasetInfo, split: str, *, seed: int, shuffle: bool, epoch: int, offset: int,
-                 global_batch: int, dp_rank: int, dp_size: int, augment: bool, prefetch: int,
-                 read_cpus: float) -> Iterator[tuple[int, pa.Table]]:
-    """(steps left after this one, this rank's rows) for each remaining full step of `epoch`."""
+def _configure_ray_data() -> None:
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True     # blocks must arrive in plan order
     context.enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)   # not two INFO lines per epoch and rank
     # One operator, nothing to reserve resources for: with the reservation on, a lone read op on a
     # 2-CPU node ran one task at a time (raydl bench ingest: 1.1 s vs 0.57 s per epoch).
     context.op_resource_reservation_enabled = False
-    source = PlannedParquet(info, split, seed=seed, shuffle=shuffle, epoch=epoch, offset=offset,
-                            global_batch=global_batch, dp_rank=dp_rank, dp_size=dp_size)
-    # One block per window: Ray Data would otherwise split each task's output for parallelism.
-    ds = ray.data.read_datasource(source, num_cpus=read_cpus, override_num_blocks=max(len(source.reads), 1))
-    preprocess = make_preprocess(info.meta, augment=augment, seed=seed, epoch=epoch)
-    if preprocess is not None:
-        ds = ds.map_batches(preprocess, batch_format="pyarrow", batch_size=None, zero_copy_batch=True,
-                            num_cpus=read_cpus)
-    batches = ds.iter_batches(batch_size=global_batch // dp_size, batch_format="pyarrow",
-                              prefetch_batches=max(prefetch, 1))
-    steps = source.steps
+    logging.getLogger("ray.data").setLevel(logging.WARNING)   # not two INFO lines per execution and rank
+
+
+def _by_epoch(table: pa.Table, preprocess) -> pa.Table:
+    """map_batches: a block holds one window of one epoch; preprocess it for that epoch."""
+    epoch = table.column(EPOCH_COLUMN)[0].as_py()
+    return preprocess(table.drop_columns([EPOCH_COLUMN]), epoch)
+
+
+def _rebatch(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """Tables of `rows` rows cut from whole blocks: zero-copy slices except where a step spans two
+    blocks. (Ray Data's own batcher rebuilt every batch, which cost the consumer a copy per step.)"""
+    pending = None
+    for block in blocks:
+        pending = block if pending is None else pa.concat_tables([pending, block])
+        while pending.num_rows >= rows:
+            yield pending.slice(0, rows)
+            pending = pending.slice(rows)
+
+
+def _unwrapped(blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
     try:
-        for step, table in enumerate(batches, start=1):
-            yield steps - step, table
+        yield from blocks
     except DataError:
         raise
     except Exception as e:     # a read task's DataError arrives wrapped; keep its message, drop Ray's trace
@@ -134,39 +137,40 @@ def _root_message(error: BaseException) -> str:
     return text[-1] if text else type(error).__name__
 
 
-def _read_window(info: DatasetInfo, split: str, seed: int, shuffle: bool, epoch: int, window: int,
-                 rows) -> list[pa.Table]:
+def _read_window(plan: RankPlan, epoch: int, offset: int, window: int, tag_epoch: bool) -> list[pa.Table]:
     """Runs in a Ray Data read task: decode the window's row groups, shuffle, keep this rank's rows."""
-    reader = SplitReader(info, split, seed=seed, shuffle=shuffle)
+    reader = SplitReader(plan.info, plan.split, seed=plan.seed, shuffle=plan.shuffle)
     order = reader.order(epoch)
-    return [reader.window_rows(order, window).take(pa.array(order.row_permutation(window)[rows]))]
+    table = take_rows(reader.window_rows(order, window), order.row_permutation(window)[plan.rows(order, window, offset)])
+    if tag_epoch:
+        table = table.append_column(EPOCH_COLUMN, pa.repeat(pa.scalar(epoch, pa.int32()), table.num_rows))
+    return [table]
 
 
 class PlannedParquet(Datasource):
-    """One read task per window of the epoch plan that holds rows of this rank, in plan order."""
+    """One read task per window holding rows of this rank, in plan order, from `start` on, for
+    whole epochs until there are `READS_PER_EXECUTION` of them. `steps`: [(epoch, steps)]."""
 
-    def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, epoch: int, offset: int,
-                 global_batch: int, dp_rank: int, dp_size: int):
+    def __init__(self, plan: RankPlan, start: DataPosition, *, tag_epoch: bool):
         super().__init__()
-        self.info, self.split, self.seed, self.shuffle, self.epoch = info, split, seed, shuffle, epoch
-        order = SplitReader(info, split, seed=seed, shuffle=shuffle).order(epoch)
-        self.steps = steps_per_epoch(order.num_rows - offset, global_batch)
-        self.files = [[info.splits[split][order.row_groups[g].shard].file for g in w] for w in order.windows]
-        self.reads = []
-        for window in range(len(order.windows)):
-            rows = rank_rows_in_window(order, window, offset=offset, global_batch=global_batch,
-                                       dp_rank=dp_rank, dp_size=dp_size)
-            if len(rows):
-                self.reads.append((window, rows))
+        self.plan, self.tag_epoch = plan, tag_epoch
+        self.reads: list[tuple[int, int, int, int]] = []      # (epoch, offset, window, rows)
+        self.steps: list[tuple[int, int]] = []
+        epoch, offset = start.epoch, start.offset
+        while not self.steps or len(self.reads) < READS_PER_EXECUTION:
+            order = plan.order(epoch)
+            self.steps.append((epoch, steps_per_epoch(order.num_rows - offset, plan.global_batch)))
+            for window in range(order.locate(min(offset, order.num_rows - 1))[0], len(order.windows)):
+                rows = len(plan.rows(order, window, offset))
+                if rows:
+                    self.reads.append((epoch, offset, window, rows))
+            epoch, offset = epoch + 1, 0
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context=None) -> list:
-        return [ReadTask(functools.partial(_read_window, self.info, self.split, self.seed, self.shuffle,
-                                           self.epoch, window, rows),
-                         BlockMetadata(num_rows=len(rows), size_bytes=None, exec_stats=None,
-                                       input_files=tuple(sorted(set(self.files[window])))))
-                for window, rows in self.reads]
-
+        return [ReadTask(functools.partial(_read_window, self.plan, epoch, offset, window, self.tag_epoch),
+                         BlockMetadata(num_rows=rows, size_bytes=None, exec_stats=None, input_files=None))
+                for epoch, offset, window, rows in self.reads]

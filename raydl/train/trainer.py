@@ -112,6 +112,22 @@ def connect(address: str | None, env: dict[str, str]) -> None:
         ray.init(runtime_env=runtime_env, include_dashboard=False)
 
 
+def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
+    """data.backend=ray needs CPUs beside the workers' for its read tasks, or the workers wait forever.
+    A warning, not an error: an autoscaling cluster may add the CPUs once the run asks for them."""
+    import ray
+
+    if cfg.data.backend != "ray":
+        return
+    cpus = ray.cluster_resources().get("CPU", 0)
+    workers = cfg.scaling.max_workers * cfg.scaling.cpus_per_worker
+    if cpus - workers < cfg.data.read_cpus:
+        print(f"[raydl] warning: data.backend=ray: the cluster has {cpus:g} CPUs and {cfg.scaling.max_workers} "
+              f"workers take {workers:g}, which leaves less than data.read_cpus={cfg.data.read_cpus:g} for Ray Data's "
+              f"read tasks; training waits until a CPU frees up. Fix: lower scaling.cpus_per_worker or "
+              f"scaling.max_workers, lower data.read_cpus, add CPUs, or use data.backend=arrow.", flush=True)
+
+
 def use_gpu(cfg: JobConfig) -> bool:
     import ray
 
@@ -157,6 +173,7 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     run = prepare_run(cfg, resume=resume)
     print(f"[raydl] run directory: {run.run_dir}", flush=True)
     connect(address, ray_env(cfg))
+    warn_if_reads_cannot_run(cfg)
     try:
         result = build_trainer(run).fit()
     except Exception as e:

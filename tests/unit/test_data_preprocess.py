@@ -23,16 +23,16 @@ def pixels(table: pa.Table) -> np.ndarray:
 
 def test_same_row_same_augmentation_in_any_batch_and_new_per_epoch():
     ids = np.arange(64)
-    whole = pixels(augment_images(images(ids), image_shape=SHAPE, seed=1, epoch=0))
-    halves = np.concatenate([pixels(augment_images(images(part), image_shape=SHAPE, seed=1, epoch=0))
+    whole = pixels(augment_images(images(ids), 0, image_shape=SHAPE, seed=1))
+    halves = np.concatenate([pixels(augment_images(images(part), 0, image_shape=SHAPE, seed=1))
                              for part in (ids[40:], ids[:40])])
     assert np.array_equal(whole, np.concatenate([halves[24:], halves[:24]]))
-    assert not np.array_equal(whole, pixels(augment_images(images(ids), image_shape=SHAPE, seed=1, epoch=1)))
-    assert not np.array_equal(whole, pixels(augment_images(images(ids), image_shape=SHAPE, seed=2, epoch=0)))
+    assert not np.array_equal(whole, pixels(augment_images(images(ids), 1, image_shape=SHAPE, seed=1)))
+    assert not np.array_equal(whole, pixels(augment_images(images(ids), 0, image_shape=SHAPE, seed=2)))
 
 
 def test_images_are_flipped_and_shifted_by_at_most_shift_pixels():
-    out = pixels(augment_images(images(np.arange(256)), image_shape=SHAPE, seed=0, epoch=0))
+    out = pixels(augment_images(images(np.arange(256)), 0, image_shape=SHAPE, seed=0))
     ys, xs = [], []
     for image in out:
         where = np.argwhere(image[0] == 200)
@@ -46,6 +46,6 @@ def test_images_are_flipped_and_shifted_by_at_most_shift_pixels():
 
 
 def test_only_image_datasets_are_augmented():
-    assert make_preprocess({"task": "tokens"}, augment=True, seed=0, epoch=0) is None
-    assert make_preprocess({"task": "images", "image_shape": list(SHAPE)}, augment=False, seed=0, epoch=0) is None
-    assert make_preprocess({"task": "images", "image_shape": list(SHAPE)}, augment=True, seed=0, epoch=0)
+    assert make_preprocess({"task": "tokens"}, augment=True, seed=0) is None
+    assert make_preprocess({"task": "images", "image_shape": list(SHAPE)}, augment=False, seed=0) is None
+    assert make_preprocess({"task": "images", "image_shape": list(SHAPE)}, augment=True, seed=0)
