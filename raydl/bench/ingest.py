@@ -1,15 +1,17 @@
 """raydl bench ingest: parquet token rows -> torch tensors, plain pyarrow vs raydl's loader paths.
 
-    raydl bench ingest [--rows 51200] [--seq-len 512] [--repeats 3] [--variants ...] [--summary RUN/summary.json]
+    raydl bench ingest [--rows 51200] [--seq-len 512] [--repeats 6] [--runs 3] [--variants ...]
+                       [--summary RUN/summary.json ...]
 
 Generates (once) a raydl dataset of random token rows (input_ids + labels, int32; 51,200 x
 512 = 210 MB raw) under --dir (default /tmp), then times `--repeats` consecutive epochs of:
   pyarrow        ParquetFile.iter_batches(batch) -> torch.from_numpy, one process, file order
   arrow          one raydl StepLoader, data.backend=arrow (shuffled windows, prefetch thread), 1 rank
-  ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution per epoch), 1 rank
+  ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution for several epochs), 1 rank
 Each variant runs in its own process; the first epoch is cold (for ray it includes starting
-Ray's worker processes), the median of the rest is reported. Prints rows/s and the ratio to pyarrow,
-and the data-wait share of a training run's summary.json; writes --out (JSON).
+Ray's worker processes), the median of the rest is reported. Prints rows/s and the ratio to
+pyarrow for each of `--runs` runs and the median ratio, and the data-wait share of training
+runs' summary.json; writes --out (JSON).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from raydl.bench.common import machine, write_result
 import numpy as np
 import pyarrow as pa
 
-VARIANTS = ("pyarrow", "arrow", "ray")
+VARIANTS = ("pyarrow", "arrow", "ray")   # pyarrow first: the others are divided by it
 
 
 def make_dataset(root: Path, rows: int, seq_len: int) -> Path:
@@ -68,24 +70,21 @@ def epoch_pyarrow(path: Path, batch: int) -> int:
     return rows
 
 
-def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[int, list[float], list[float]]:
-    """One loader over `epochs` epochs, as training uses it: rows per epoch, seconds per epoch, and
-    seconds each epoch waited for its first step (an execution's start-up, for the ray backend)."""
+def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[int, list[float]]:
+    """One loader over `epochs` epochs, as training uses it: (rows per epoch, seconds per epoch)."""
     from raydl.data.dataset import open_dataset
     from raydl.data.loader import StepLoader
     from raydl.data.order import DataPosition
 
     loader = StepLoader(open_dataset(str(path)), global_batch=batch, dp_rank=0, dp_size=1, seed=0, shuffle=True,
                         position=DataPosition(0, 0), prefetch=2, backend=backend)
-    steps, times, firsts = iter(loader), [], []
+    steps, times, rows = iter(loader), [], 0
     for _ in range(epochs):
-        t0 = time.perf_counter()
-        rows = len(next(steps).tensors["input_ids"])
-        firsts.append(time.perf_counter() - t0)
-        for _ in range(loader.steps_per_epoch - 1):
+        t0, rows = time.perf_counter(), 0
+        for _ in range(loader.steps_per_epoch):
             rows += len(next(steps).tensors["input_ids"])
         times.append(time.perf_counter() - t0)
-    return rows, times, firsts
+    return rows, times
 
 
 def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
@@ -97,7 +96,6 @@ def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    firsts: list[float] = []
     if variant == "pyarrow":
         times = []
         for _ in range(repeats):
@@ -105,13 +103,28 @@ def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
             rows = epoch_pyarrow(path, batch)
             times.append(time.perf_counter() - t0)
     else:
-        rows, times, firsts = epochs_loader(path, batch, variant, repeats)
+        rows, times = epochs_loader(path, batch, variant, repeats)
     warm = times[1:] or times
-    out = {"rows": rows, "epoch_s": times, "cold_s": times[0], "warm_median_s": statistics.median(warm),
-           "rows_per_s": rows / statistics.median(warm)}
-    if firsts:    # past each epoch's first step: the streaming rate without the epoch's start-up
-        out["first_step_s"] = firsts
-        out["steady_rows_per_s"] = statistics.median((rows - batch) / (t - f) for t, f in zip(times[1:], firsts[1:]))
+    return {"rows": rows, "epoch_s": times, "cold_s": times[0], "warm_median_s": statistics.median(warm),
+            "rows_per_s": rows / statistics.median(warm)}
+
+
+def run_all(args) -> dict:
+    """Every variant once, each in its own process; ratios to this run's pyarrow."""
+    out = {"variants": {}}
+    for variant in ["pyarrow", *(v for v in args.variants if v != "pyarrow")]:
+        cmd = [sys.executable, "-m", "raydl.bench.ingest", "--variant", variant, "--rows", str(args.rows),
+               "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--repeats", str(args.repeats),
+               "--dir", args.dir]
+        p = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+        if p.returncode:
+            raise SystemExit(f"[bench] {variant} failed:\n{p.stderr[-2000:]}")
+        r = out["variants"][variant] = json.loads(p.stdout.strip().splitlines()[-1])
+        print(f"[bench] {variant:8s} {r['rows_per_s']:>10,.0f} rows/s  warm epoch {r['warm_median_s']:.2f}s "
+              f"(cold {r['cold_s']:.2f}s)", flush=True)
+    base = out["variants"]["pyarrow"]["rows_per_s"]
+    out["ratio_to_pyarrow"] = {k: v["rows_per_s"] / base for k, v in out["variants"].items()}
+    print("[bench] ratio b/a: " + ", ".join(f"{k} {v:.2f}" for k, v in out["ratio_to_pyarrow"].items()), flush=True)
     return out
 
 
@@ -121,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=51200)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=256, help="Rows per batch (the loader's global batch).")
-    p.add_argument("--repeats", type=int, default=4, help="Epochs per variant; the first is cold.")
+    p.add_argument("--repeats", type=int, default=6, help="Epochs per variant and run; the first is cold.")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--dir", default="/tmp/raydl-bench", help="Where the benchmark dataset is generated.")
-    p.add_argument("--summary", help="A training run's summary.json, for its data-wait share.")
+    p.add_argument("--runs", type=int, default=3, help="Runs of every variant; ratios are the median over runs.")
+    p.add_argument("--summary", nargs="*", help="Training runs' summary.json files, for their data-wait share.")
     p.add_argument("--out", default="benchmarks/results/ingest-cpu.json")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # internal: run one variant in this process
     args = p.parse_args(argv)
@@ -136,33 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     result = {"machine": machine(), "dataset": {"path": str(path), "rows": args.rows, "seq_len": args.seq_len,
                                                 "raw_mb": args.rows * args.seq_len * 4 * 2 / 1e6,
                                                 "disk_mb": size / 1e6, "batch": args.batch},
-              "variants": {}}
-    for variant in args.variants:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "raydl.bench.ingest", "--variant", variant, "--rows", str(args.rows),
-               "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--repeats", str(args.repeats),
-               "--dir", args.dir]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if out.returncode:
-            print(f"[bench] {variant} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        result["variants"][variant] = r
-        steady = f", {r['steady_rows_per_s']:,.0f} rows/s past each epoch's first step" if "first_step_s" in r else ""
-        print(f"[bench] {variant:8s} {r['rows_per_s']:>10,.0f} rows/s  warm epoch {r['warm_median_s']:.2f}s "
-              f"(cold {r['cold_s']:.2f}s){steady}", flush=True)
-    base = result["variants"].get("pyarrow", {}).get("rows_per_s")
-    if base:
-        result["ratio_to_pyarrow"] = {k: v["rows_per_s"] / base for k, v in result["variants"].items()}
-        result["steady_ratio_to_pyarrow"] = {k: v["steady_rows_per_s"] / base for k, v in result["variants"].items()
-                                             if "steady_rows_per_s" in v}
-        print("[bench] ratio b/a: " + ", ".join(f"{k} {v:.2f}" for k, v in result["ratio_to_pyarrow"].items()))
-        print("[bench] ratio b/a past each epoch's first step: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in result["steady_ratio_to_pyarrow"].items()))
-    if args.summary:
-        summary = json.loads(Path(args.summary).read_text())
-        result["training_data_wait_frac"] = {"summary": args.summary, "data_wait_frac": summary["data_wait_frac"]}
-        print(f"[bench] data-wait share of step time ({args.summary}): {100 * summary['data_wait_frac']:.2f}%")
+              "runs": [run_all(args) for _ in range(args.runs)]}
+    result["median_ratio_to_pyarrow"] = {
+        k: statistics.median(r["ratio_to_pyarrow"][k] for r in result["runs"]) for k in result["runs"][0]["variants"]}
+    print(f"[bench] median ratio b/a over {args.runs} runs: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in result["median_ratio_to_pyarrow"].items()))
+    result["training_data_wait_frac"] = {}
+    for summary_path in args.summary or []:
+        summary = json.loads(Path(summary_path).read_text())
+        result["training_data_wait_frac"][summary_path] = summary["data_wait_frac"]
+        print(f"[bench] data-wait share of step time ({summary_path}): {100 * summary['data_wait_frac']:.3f}%")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, result)
     print(f"[bench] wrote {args.out}")
