@@ -1,7 +1,8 @@
 """Worker-side loader: this rank's rows of each global step, read ahead on a thread.
 
-It reads parquet row groups with pyarrow (local or remote filesystem), caches the window it
-is in, and yields `StepBatch`es carrying the data position *after* the step, which is what
+The rows come from `SplitReader` (pyarrow in this process, data.backend=arrow) or from Ray
+Data read tasks (raydl.data.ray_source, data.backend=ray); both follow raydl.data.order.
+The loader yields `StepBatch`es carrying the data position *after* the step, which is what
 a checkpoint records. The time a step waits in `next()` is the data-wait metric.
 
 A shard that cannot be read fails the run with a DataError naming it (the last checkpoint
@@ -259,8 +260,9 @@ class StepLoader:
         stop = threading.Event()
 
         def work():
+            items = self._produce()
             try:
-                for item in self._produce():
+                for item in items:
                     while not stop.is_set():
                         try:
                             q.put(item, timeout=0.1)
@@ -271,6 +273,8 @@ class StepLoader:
                         return
             except BaseException as e:   # hand reader errors to the training thread
                 q.put(e)
+            finally:
+                items.close()            # stop the reader now (Ray Data's threads), not at garbage collection
 
         thread = threading.Thread(target=work, daemon=True, name="raydl-prefetch")
         thread.start()

@@ -14,11 +14,11 @@ iterator cannot be resumed mid-epoch (no state or skip; open request ray-project
 After a failure or a resize Train restarts the split at the beginning of the epoch, and which
 rank saw which row is not reproducible, so a checkpoint cannot say where to continue. And
 `read_parquet` reads whole files in file order: it cannot pick row groups, nor read them in a
-shuffled order. `PlannedParquet` is a `ray.data.Datasource` with one read task per window of
-the plan that this rank still needs from its position, so a resumed or resized run streams
+shuffled order. `PlannedParquet` is a `ray.data.Datasource` whose read tasks read the windows of
+the plan that this rank still needs from its position, `WINDOWS_PER_TASK` at a time, so a resumed or resized run streams
 exactly the rest of the epoch.
 
-An execution covers whole epochs until it has `READS_PER_EXECUTION` read tasks, because
+An execution covers whole epochs until it has `READS_PER_EXECUTION` windows, because
 starting one costs about 0.3 s before the first block (raydl bench ingest), paid once per
 execution rather than once per epoch of a small dataset. The read tasks tag rows with their
 epoch only when the preprocessing needs it (image augmentation is drawn per epoch).
@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import ray
 import ray.data
@@ -47,7 +50,8 @@ from raydl.data.order import DataPosition, rank_rows_in_window, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
 from raydl.errors import DataError
 
-READS_PER_EXECUTION = 256
+READS_PER_EXECUTION = 256   # windows; an execution starts in ~0.3 s, so it should cover many
+WINDOWS_PER_TASK = 4        # one block each; per-task overhead made 1 window per task 1.6x slower (bench ingest)
 EPOCH_COLUMN = "_raydl_epoch"
 
 
@@ -82,15 +86,21 @@ def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shu
     position = start
     while True:
         source = PlannedParquet(plan, position, tag_epoch=preprocess is not None)
-        ds = ray.data.read_datasource(source, num_cpus=read_cpus, override_num_blocks=max(len(source.reads), 1))
+        tasks = -(-len(source.reads) // WINDOWS_PER_TASK)
+        ds = ray.data.read_datasource(source, num_cpus=read_cpus, override_num_blocks=tasks)
         if preprocess is not None:
             ds = ds.map_batches(_by_epoch, fn_args=(preprocess,), batch_format="pyarrow", batch_size=None,
                                 zero_copy_batch=True, num_cpus=read_cpus)
-        blocks = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=max(prefetch, 1))
-        steps = iter(_rebatch(_unwrapped(blocks), global_batch // dp_size))
-        for epoch, count in source.steps:
-            for _ in range(count):
-                yield epoch, next(steps)
+        threads = set(threading.enumerate())
+        blocks = _unwrapped(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=max(prefetch, 1)))
+        steps = _rebatch(blocks, global_batch // dp_size)
+        try:
+            for epoch, count in source.steps:
+                for _ in range(count):
+                    yield epoch, next(steps)
+        finally:
+            blocks.close()
+            _join_fetch_threads(threads)
         position = DataPosition(source.steps[-1][0] + 1, 0)
 
 
@@ -104,10 +114,23 @@ def _configure_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)   # not two INFO lines per execution and rank
 
 
+def _join_fetch_threads(existing: set[threading.Thread], timeout_s: float = 5.0) -> None:
+    """Wait for the fetch threads of an `iter_batches` closed early. Closing does not interrupt
+    a thread inside `ray.get`, and one still there at interpreter exit aborts the process (the
+    raylet client's 'Broken pipe' check)."""
+    deadline = time.monotonic() + timeout_s
+    for thread in set(threading.enumerate()) - existing:
+        if thread.name == "iter_threaded":
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def _by_epoch(table: pa.Table, preprocess) -> pa.Table:
-    """map_batches: a block holds one window of one epoch; preprocess it for that epoch."""
-    epoch = table.column(EPOCH_COLUMN)[0].as_py()
-    return preprocess(table.drop_columns([EPOCH_COLUMN]), epoch)
+    """map_batches: preprocess each epoch's rows of a block (Ray Data may merge a task's windows,
+    across an epoch boundary) for that epoch."""
+    epochs = table.column(EPOCH_COLUMN).to_numpy()
+    table = table.drop_columns([EPOCH_COLUMN])
+    bounds = [0, *(np.flatnonzero(np.diff(epochs)) + 1), len(epochs)]
+    return pa.concat_tables([preprocess(table.slice(a, b - a), int(epochs[a])) for a, b in zip(bounds, bounds[1:])])
 
 
 def _rebatch(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
@@ -137,19 +160,23 @@ def _root_message(error: BaseException) -> str:
     return text[-1] if text else type(error).__name__
 
 
-def _read_window(plan: RankPlan, epoch: int, offset: int, window: int, tag_epoch: bool) -> list[pa.Table]:
-    """Runs in a Ray Data read task: decode the window's row groups, shuffle, keep this rank's rows."""
+def _read_windows(plan: RankPlan, reads: list[tuple[int, int, int, int]], tag_epoch: bool) -> Iterator[pa.Table]:
+    """Runs in a Ray Data read task: for each (epoch, offset, window, rows), decode the window's
+    row groups, shuffle, keep this rank's rows; one block per window."""
     reader = SplitReader(plan.info, plan.split, seed=plan.seed, shuffle=plan.shuffle)
-    order = reader.order(epoch)
-    table = take_rows(reader.window_rows(order, window), order.row_permutation(window)[plan.rows(order, window, offset)])
-    if tag_epoch:
-        table = table.append_column(EPOCH_COLUMN, pa.repeat(pa.scalar(epoch, pa.int32()), table.num_rows))
-    return [table]
+    for epoch, offset, window, _ in reads:
+        order = reader.order(epoch)
+        table = take_rows(reader.window_rows(order, window),
+                          order.row_permutation(window)[plan.rows(order, window, offset)])
+        if tag_epoch:
+            table = table.append_column(EPOCH_COLUMN, pa.repeat(pa.scalar(epoch, pa.int32()), table.num_rows))
+        yield table
 
 
 class PlannedParquet(Datasource):
-    """One read task per window holding rows of this rank, in plan order, from `start` on, for
-    whole epochs until there are `READS_PER_EXECUTION` of them. `steps`: [(epoch, steps)]."""
+    """The windows holding rows of this rank, in plan order, from `start` on, for whole epochs
+    until there are `READS_PER_EXECUTION` of them; `WINDOWS_PER_TASK` per read task.
+    `steps`: [(epoch, steps of this rank in it)]."""
 
     def __init__(self, plan: RankPlan, start: DataPosition, *, tag_epoch: bool):
         super().__init__()
@@ -171,6 +198,8 @@ class PlannedParquet(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context=None) -> list:
-        return [ReadTask(functools.partial(_read_window, self.plan, epoch, offset, window, self.tag_epoch),
-                         BlockMetadata(num_rows=rows, size_bytes=None, exec_stats=None, input_files=None))
-                for epoch, offset, window, rows in self.reads]
+        groups = [self.reads[i:i + WINDOWS_PER_TASK] for i in range(0, len(self.reads), WINDOWS_PER_TASK)]
+        return [ReadTask(functools.partial(_read_windows, self.plan, group, self.tag_epoch),
+                         BlockMetadata(num_rows=sum(r[3] for r in group), size_bytes=None, exec_stats=None,
+                                       input_files=None))
+                for group in groups]
