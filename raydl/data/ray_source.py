@@ -145,19 +145,14 @@ def _rebatch(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
 
 
 def _unwrapped(blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """Blocks, with a read task's DataError (a bad shard) raised as itself rather than inside
+    Ray's RayTaskError and its trace. Other errors (a lost node) stay failures that Ray retries."""
     try:
         yield from blocks
-    except DataError:
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, DataError):
+            raise e.cause.with_traceback(None) from None
         raise
-    except Exception as e:     # a read task's DataError arrives wrapped; keep its message, drop Ray's trace
-        raise DataError(_root_message(e)) from None
-
-
-def _root_message(error: BaseException) -> str:
-    while error.__cause__ is not None:
-        error = error.__cause__
-    text = str(error).strip().splitlines()
-    return text[-1] if text else type(error).__name__
 
 
 def _read_windows(plan: RankPlan, reads: list[tuple[int, int, int, int]], tag_epoch: bool) -> Iterator[pa.Table]:

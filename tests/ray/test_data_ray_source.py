@@ -1,5 +1,6 @@
 """data.backend=ray reads the same rows, in the same order, at the same positions as the arrow
-backend (tokens), applies the same augmentation through map_batches (images), and streams a
+backend (tokens), applies the same augmentation through map_batches (images), names a corrupt
+shard like the arrow backend, and streams a
 dataset larger than the object store."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from raydl.config import JobConfig
 from raydl.data.dataset import ensure_builtin, open_dataset
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
-from tests.unit.test_data_loader import make_dataset
+from raydl.errors import DataError
+from tests.unit.test_data_loader import corrupt, make_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +34,14 @@ def test_ray_backend_matches_arrow_from_a_mid_epoch_position(ray_session, tmp_pa
     start = DataPosition(0, 20 * 64)                  # resume mid-epoch, run into the next epoch
     for rank in (0, 1):
         assert steps(path, "ray", rank, start, 16) == steps(path, "arrow", rank, start, 16)
+
+
+def test_ray_backend_names_a_corrupt_shard(ray_session, tmp_path):
+    path = make_dataset(tmp_path)
+    bad = corrupt(path, 1)
+    with pytest.raises(DataError, match=rf"^shard '{bad}'.*Fix:") as e:
+        steps(path, "ray", 0, DataPosition(0, 0), 32)
+    assert "RayTaskError" not in str(e.value) and "Traceback" not in str(e.value)
 
 
 def test_ray_backend_augments_images_like_arrow(ray_session, tmp_path):
