@@ -1,7 +1,6 @@
 """data.backend=ray reads the same rows, in the same order, at the same positions as the arrow
 backend (tokens), applies the same augmentation through map_batches (images), names a corrupt
-shard like the arrow backend, and streams a
-dataset larger than the object store."""
+shard as the arrow backend does, and streams a dataset larger than the object store."""
 
 from __future__ import annotations
 
