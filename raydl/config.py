@@ -61,9 +61,10 @@ class DataSection:
     shuffle: bool = _f(True, "Seeded shuffle that differs per epoch (same seed + epoch = same order).")
     max_bad_shards: int = _f(0, "Corrupt shards to skip (and count) before failing; 0 = fail on the first.")
     prefetch_batches: int = _f(2, "Batches each worker reads ahead so that reading overlaps compute.")
-    backend: str = _f("arrow", "Who reads the shards: arrow (pyarrow in each training process, fastest on a small "
-                      "machine, and the only one under torchrun) or ray (Ray Data read tasks on the cluster's CPUs, "
-                      "one streaming execution per epoch). Both give the same rows in the same exactly-once order.",
+    backend: str = _f("arrow", "Who reads the shards: arrow (pyarrow in each training process; the only one under "
+                      "torchrun, and the one to use when the workers take every CPU) or ray (Ray Data read tasks on "
+                      "the cluster's CPUs beside the workers, streaming several epochs per execution). Both give the "
+                      "same rows in the same exactly-once order.",
                       choices=("arrow", "ray"))
     read_cpus: float = _f(1.0, "CPUs each Ray Data read task reserves (data.backend=ray). Leave CPUs free for them "
                           "(scaling.cpus_per_worker below the node's count), or use a fraction to share.")
