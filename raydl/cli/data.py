@@ -18,6 +18,10 @@ def register(sub) -> None:
     prep.add_argument("--shard-rows", type=int, default=2048, help="Rows per parquet shard (default 2048).")
     prep.add_argument("--column", default="text", help="jsonl/parquet field holding the text (default: text).")
     prep.add_argument("--seq-len", type=int, default=128, help="Tokens per packed row for text (default 128).")
+    prep.add_argument("--tokenizer", default="bytes", help="Text tokens: bytes (default, vocab 257), bpe (train a "
+                      "byte-level BPE of --vocab-size on the input, saved as tokenizer.json in the dataset) or the "
+                      "path of a Hugging Face tokenizer.json with an <|endoftext|> token.")
+    prep.add_argument("--vocab-size", type=int, default=8192, help="Vocabulary of --tokenizer bpe (default 8192).")
     prep.add_argument("--quiet", action="store_true", help="No progress line.")
     prep.set_defaults(func=run_prepare)
 
@@ -32,7 +36,8 @@ def run_prepare(args) -> int:
     from raydl.data.prepare import prepare
 
     manifest = prepare(args.kind, args.src, args.out, shard_rows=args.shard_rows, column=args.column,
-                       seq_len=args.seq_len, progress=not args.quiet)
+                       seq_len=args.seq_len, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                       progress=not args.quiet)
     splits = ", ".join(f"{k} {v['rows']:,} rows / {len(v['shards'])} shard(s)" for k, v in manifest["splits"].items())
     print(f"[raydl] wrote {args.out}: {manifest['task']} data, {splits}")
     return 0

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
 from raydl.data.dataset import DatasetInfo, open_dataset
-from raydl.data.prepare import EOS
+from raydl.data.tokenizer import decoder
 from raydl.errors import DataError
 
 
@@ -39,8 +39,9 @@ def sample_row(info: DatasetInfo) -> dict[str, Any]:
             out[key] = f"[{', '.join(map(str, value[:16]))}, ...] ({len(value)} values)"
         else:
             out[key] = value
-    if info.meta.get("tokenizer") == "bytes":
-        out["text"] = bytes(t for t in row["input_ids"] if t < EOS).decode("utf-8", errors="replace")[:200]
+    decode = decoder(info.meta, info.root)
+    if decode is not None:
+        out["text"] = decode(row["input_ids"])[:200]
     if "classes" in info.meta and "label" in row:
         out["class"] = info.meta["classes"][row["label"]]
     return out

@@ -9,9 +9,10 @@ Streaming with bounded memory: files are read in chunks (text, parquet batches, 
 batches of images) and rows go to a `ShardWriter` that holds at most one shard, so a corpus
 larger than RAM works; only the list of input file names is held whole.
 
-- text/jsonl: byte-level tokens (vocab 256 + EOS=256 after every document/record), packed
-  into fixed rows of `seq_len` tokens; labels = the next token (row k covers tokens
-  [k*T, k*T + T], so no token is lost between rows).
+- text/jsonl: tokens (`--tokenizer bytes|bpe|FILE.json`, raydl.data.tokenizer) with EOS after
+  every document/record, packed into fixed rows of `seq_len` tokens; labels = the next token
+  (row k covers tokens [k*T, k*T + T], so no token is lost between rows). A text file is read
+  in pieces that end at a newline, so no word or UTF-8 character is split between pieces.
 - images: one class per subfolder (sorted names), resized to 3x32x32 uint8 with Pillow; the
   file list is shuffled with a fixed seed first, so a class is not one long run of rows.
 - parquet: columns kept; a tokens table (input_ids [+ labels] as fixed-size lists) or an
@@ -41,11 +42,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raydl.data import tokenizer as tokenizers
 from raydl.data.dataset import ShardWriter, is_parquet, write_manifest
 from raydl.errors import DataError
 
-EOS = 256
-BYTE_VOCAB = 257
 EVAL_EVERY = 16
 IMAGE_SIZE = 32
 CHUNK_BYTES = 1 << 20
@@ -119,46 +119,65 @@ def tokens_table(inputs: np.ndarray, labels: np.ndarray) -> pa.Table:
                      "labels": pa.FixedSizeListArray.from_arrays(pa.array(labels.ravel()), t)})
 
 
-def byte_tokens_meta(seq_len: int) -> dict:
-    return {"task": "tokens", "vocab_size": BYTE_VOCAB, "seq_len": seq_len, "tokenizer": "bytes", "eos": EOS}
+def text_pieces(kind: str, files: list[Path], column: str, progress: Progress) -> Iterator[tuple[bytes, bool]]:
+    """(UTF-8 text, whether it ends a document) in input order, each piece about CHUNK_BYTES or less.
+    A document is a text file, a JSON line's --column field, or a parquet row's --column value."""
+    if kind == "text":
+        for path in files:
+            with open(path, "rb") as f:
+                previous = b""
+                for piece in _line_pieces(f):
+                    progress.update(nbytes=len(piece))
+                    if previous:
+                        yield previous, False
+                    previous = piece
+                yield previous, True
+            progress.update(files=1)
+    elif kind == "jsonl":
+        for path in files:
+            with open(path, "rb") as f:
+                for lineno, line in enumerate(f, 1):
+                    progress.update(nbytes=len(line))
+                    if line.strip():
+                        yield _record_text(path, lineno, line, column), True
+            progress.update(files=1)
+    else:
+        for batch in _parquet_batches(files, progress, [column]):
+            yield from ((value.encode("utf-8"), True) for value in batch.column(0).to_pylist() if value)
 
 
-def encode(text: bytes) -> np.ndarray:
-    return np.frombuffer(text, np.uint8).astype(np.int32)
+def _line_pieces(f) -> Iterator[bytes]:
+    """A file's bytes in pieces ending at a newline (or at 8 chunks, for a file without newlines)."""
+    rest = b""
+    for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
+        chunk = rest + chunk
+        cut = chunk.rfind(b"\n") + 1 or (len(chunk) if len(chunk) >= 8 * CHUNK_BYTES else 0)
+        rest = chunk[cut:]
+        if cut:
+            yield chunk[:cut]
+    if rest:
+        yield rest
 
 
-def text_rows(files: list[Path], seq_len: int, progress: Progress) -> Iterator[pa.Table]:
-    packer = Packer(seq_len)
-    for path in files:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
-                progress.update(nbytes=len(chunk))
-                yield from _packed(packer, encode(chunk))
-        yield from _packed(packer, np.array([EOS], np.int32))
-        progress.update(files=1)
+def token_rows(pieces: Iterable[tuple[bytes, bool]], tokenizer, seq_len: int) -> Iterator[pa.Table]:
+    """Tokenize pieces a CHUNK_BYTES batch at a time, EOS after each document, and pack into rows."""
+    packer, batch, size = Packer(seq_len), [], 0
+    eos = np.array([tokenizer.eos], np.int32)
 
+    def packed() -> pa.Table | None:
+        ids = tokenizer.encode([text for text, _ in batch])
+        tokens = [t for one, (_, ends) in zip(ids, batch) for t in ((one, eos) if ends else (one,))]
+        return packer.add(np.concatenate(tokens)) if tokens else None
 
-def jsonl_rows(files: list[Path], seq_len: int, column: str, progress: Progress) -> Iterator[pa.Table]:
-    packer, pending = Packer(seq_len), bytearray()
-    for path in files:
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                progress.update(nbytes=len(line))
-                if not line.strip():
-                    continue
-                pending += _record_text(path, lineno, line, column) + bytes([0])
-                if len(pending) >= CHUNK_BYTES:
-                    yield from _packed(packer, _with_eos(pending))
-                    pending.clear()
-        progress.update(files=1)
-    yield from _packed(packer, _with_eos(pending))
-
-
-def _with_eos(pending: bytearray) -> np.ndarray:
-    """Records were joined with a 0 byte as separator; that byte becomes EOS (text has no NUL)."""
-    tokens = encode(bytes(pending))
-    tokens[tokens == 0] = EOS
-    return tokens
+    for text, ends in pieces:
+        batch.append((text, ends))
+        size += len(text)
+        if size >= CHUNK_BYTES:
+            if (table := packed()) is not None:
+                yield table
+            batch, size = [], 0
+    if batch and (table := packed()) is not None:
+        yield table
 
 
 def _record_text(path: Path, lineno: int, line: bytes, column: str) -> bytes:
@@ -171,13 +190,7 @@ def _record_text(path: Path, lineno: int, line: bytes, column: str) -> bytes:
         have = ", ".join(record) if isinstance(record, dict) else type(record).__name__
         raise DataError(f"'{path}' line {lineno} has no string field '{column}' (it has: {have}). Fix: pass "
                         f"--column NAME with the field that holds the text.")
-    return value.replace("\0", "").encode("utf-8")
-
-
-def _packed(packer: Packer, tokens: np.ndarray) -> Iterator[pa.Table]:
-    table = packer.add(tokens)
-    if table is not None:
-        yield table
+    return value.encode("utf-8")
 
 
 def image_rows(files: list[Path], root: Path, progress: Progress) -> tuple[Iterator[pa.Table], list[str]]:
@@ -212,21 +225,20 @@ def _load_image(path: Path) -> np.ndarray:
         raise DataError(f"image '{path}' cannot be read ({e}). Fix: remove or replace that file.") from None
 
 
-def parquet_rows(files: list[Path], column: str, seq_len: int, progress: Progress) -> tuple[Iterator[pa.Table], dict]:
+def parquet_task(files: list[Path], column: str) -> str:
+    """tokens or images (passed through), or text (the --column string column is tokenized)."""
     schema = _common_schema(files)
     names = set(schema.names) - {"id"}
     if "input_ids" in names:
-        task = "tokens"
-    elif {"image", "label"} <= names:
-        task = "images"
-    elif column in names and (pa.types.is_string(schema.field(column).type)
-                              or pa.types.is_large_string(schema.field(column).type)):
-        return _parquet_text(files, column, seq_len, progress), byte_tokens_meta(seq_len)
-    else:
-        raise DataError(f"parquet '{files[0]}' has columns {', '.join(schema.names)}: raydl cannot tell the task. "
-                        f"Fix: provide input_ids/labels (tokens), image/label (images), or a text column via "
-                        f"--column NAME.")
-    return _parquet_passthrough(files, schema, progress), {"task": task}
+        return "tokens"
+    if {"image", "label"} <= names:
+        return "images"
+    if column in names and (pa.types.is_string(schema.field(column).type)
+                            or pa.types.is_large_string(schema.field(column).type)):
+        return "text"
+    raise DataError(f"parquet '{files[0]}' has columns {', '.join(schema.names)}: raydl cannot tell the task. "
+                    f"Fix: provide input_ids/labels (tokens), image/label (images), or a text column via "
+                    f"--column NAME.")
 
 
 def _common_schema(files: list[Path]) -> pa.Schema:
@@ -257,17 +269,10 @@ def _parquet_batches(files: list[Path], progress: Progress, columns=None) -> Ite
         progress.update(files=1)
 
 
-def _parquet_passthrough(files: list[Path], schema: pa.Schema, progress: Progress) -> Iterator[pa.Table]:
-    keep = [n for n in schema.names if n != "id"]     # raydl assigns its own stable ids
+def _parquet_passthrough(files: list[Path], progress: Progress) -> Iterator[pa.Table]:
+    keep = [n for n in pq.read_schema(files[0]).names if n != "id"]     # raydl assigns its own stable ids
     for batch in _parquet_batches(files, progress, keep):
         yield pa.Table.from_batches([batch])
-
-
-def _parquet_text(files: list[Path], column: str, seq_len: int, progress: Progress) -> Iterator[pa.Table]:
-    packer = Packer(seq_len)
-    for batch in _parquet_batches(files, progress, [column]):
-        text = b"\0".join(s.encode("utf-8").replace(b"\0", b"") for s in batch.column(0).to_pylist() if s) + b"\0"
-        yield from _packed(packer, _with_eos(bytearray(text)))
 
 
 def infer_meta(task: str, schema: pa.Schema, stats: dict) -> dict:
@@ -287,7 +292,7 @@ def infer_meta(task: str, schema: pa.Schema, stats: dict) -> dict:
 
 
 def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: str = "text", seq_len: int = 128,
-            progress: bool = True) -> dict:
+            tokenizer: str = "bytes", vocab_size: int = 8192, progress: bool = True) -> dict:
     """Write the dataset; returns its manifest."""
     if kind not in KINDS:
         raise DataError(f"--from {kind!r} is not one of {', '.join(KINDS)}. Fix: pick one of them.")
@@ -299,22 +304,24 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
                         f"writes over a dataset) or delete it.")
     files = list_sources(src, kind)
     bar = Progress(len(files), enabled=progress)
-    if kind == "text":
-        rows, meta = text_rows(files, seq_len, bar), byte_tokens_meta(seq_len)
-    elif kind == "jsonl":
-        rows, meta = jsonl_rows(files, seq_len, column, bar), byte_tokens_meta(seq_len)
-    elif kind == "images":
-        rows, classes = image_rows(files, Path(src), bar)
-        meta = {"task": "images", "num_classes": len(classes), "image_shape": [3, IMAGE_SIZE, IMAGE_SIZE],
-                "classes": classes}
-    else:
-        rows, meta = parquet_rows(files, column, seq_len, bar)
+    task = parquet_task(files, column) if kind == "parquet" else {"images": "images"}.get(kind, "text")
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
+        if task == "text":
+            training = (text for text, _ in text_pieces(kind, files, column, Progress(len(files), enabled=False)))
+            tok = tokenizers.load(tokenizer, vocab_size=vocab_size, training_texts=training)
+            rows, meta = token_rows(text_pieces(kind, files, column, bar), tok, seq_len), {
+                "task": "tokens", "seq_len": seq_len, **tok.save(tmp)}
+        elif kind == "images":
+            rows, classes = image_rows(files, Path(src), bar)
+            meta = {"task": "images", "num_classes": len(classes), "image_shape": [3, IMAGE_SIZE, IMAGE_SIZE],
+                    "classes": classes}
+        else:
+            rows, meta = _parquet_passthrough(files, bar), {}
         splits, stats = write_rows(tmp, rows, shard_rows, bar)
-        if kind == "parquet" and "vocab_size" not in meta and "num_classes" not in meta:
-            meta = infer_meta(meta["task"], pq.read_schema(tmp / splits["train"][0]["file"]), stats)
+        if not meta:
+            meta = infer_meta(task, pq.read_schema(tmp / splits["train"][0]["file"]), stats)
         meta["source"] = {"from": kind, "src": src, "files": len(files), "eval_every": EVAL_EVERY}
         write_manifest(tmp, meta, splits)
         if target.exists():

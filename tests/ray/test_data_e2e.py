@@ -15,14 +15,16 @@ from tests.unit.test_data_prepare import write_images, write_texts
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("kind", ["text", "images"])
+@pytest.mark.parametrize("kind", ["text", "text-bpe", "images"])
 def test_prepare_inspect_train(kind, tmp_path, capsys):
-    src = write_texts(tmp_path / "txt") if kind == "text" else write_images(tmp_path / "img", per_class=80)
+    src = write_texts(tmp_path / "txt") if kind != "images" else write_images(tmp_path / "img", per_class=80)
     data = tmp_path / "data"
-    assert cli(["data", "prepare", "--from", kind, str(src), "--out", str(data), "--seq-len", "32", "--quiet"]) == 0
+    bpe = ["--tokenizer", "bpe", "--vocab-size", "300"] if kind == "text-bpe" else []
+    assert cli(["data", "prepare", "--from", kind.split("-")[0], str(src), "--out", str(data), "--seq-len", "32",
+                "--quiet", *bpe]) == 0
     assert cli(["data", "inspect", str(data), "--verify"]) == 0
     assert "checksums: 2 shard(s) match" in capsys.readouterr().out
-    model = ["model.name=gpt"] if kind == "text" else ["model.name=resnet"]
+    model = ["model.name=resnet"] if kind == "images" else ["model.name=gpt"]
     p = torchrun(1, tmp_path / "run", data, tmp_path, "train.max_steps=6", "train.global_batch_size=16",
                  "train.micro_batch_size=8", *model)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 
 from raydl.cli import main as cli
 from raydl.data.dataset import check_task, open_dataset
-from raydl.data.prepare import EOS, prepare
+from raydl.data.prepare import prepare
+from raydl.data.tokenizer import BYTE_EOS as EOS
 
 WORDS = "the quick brown fox jumps over a lazy dog".split()
 
@@ -58,6 +59,24 @@ def test_text_rows_are_packed_bytes_with_next_token_labels(tmp_path):
     assert m["splits"]["eval"]["rows"] == len([i for i in ids if i % 16 == 0])
     assert all(s["rows"] <= 100 and len(s["sha256"]) == 64 for s in m["splits"]["train"]["shards"])
     assert m["rows"] == len(ids) and m["schema"]["input_ids"].startswith("fixed_size_list")
+
+
+def test_bpe_tokenizer_is_trained_saved_and_decodes_the_rows(tmp_path, capsys):
+    src = write_texts(tmp_path / "txt", words=4000)
+    m = prepare("text", str(src), str(tmp_path / "bpe"), seq_len=16, tokenizer="bpe", vocab_size=300, progress=False)
+    assert m["tokenizer"] == "bpe" and 257 < m["vocab_size"] <= 300 and (tmp_path / "bpe" / "tokenizer.json").exists()
+    rows = pa.concat_tables([read_split(tmp_path / "bpe", s) for s in ("train", "eval")]).sort_by("id")
+    tokens = np.stack(rows["input_ids"].to_numpy(zero_copy_only=False)).ravel()
+    assert tokens.max() < 300 and (tokens == m["eos"]).sum() == 3 - 1 + (tokens[-1] == m["eos"])  # EOS per file
+    byte_rows = prepare("text", str(src), str(tmp_path / "bytes"), seq_len=16, progress=False)["rows"]
+    assert m["rows"] < byte_rows / 2                       # words merged: far fewer tokens than bytes
+    assert cli(["data", "inspect", str(tmp_path / "bpe")]) == 0
+    out = capsys.readouterr().out
+    assert any(w in out for w in WORDS) and "\\u0120" not in out   # decoded text, not byte-level symbols
+    # a given tokenizer.json is reused as is
+    again = prepare("text", str(src), str(tmp_path / "reuse"), seq_len=16, progress=False,
+                    tokenizer=str(tmp_path / "bpe" / "tokenizer.json"))
+    assert again["vocab_size"] == m["vocab_size"] and again["rows"] == m["rows"]
 
 
 def test_jsonl_column_and_images(tmp_path, capsys):
@@ -148,4 +167,9 @@ def test_bad_inputs_exit_2_with_the_path_and_the_fix(tmp_path, capsys, tiny_over
     bad_json.write_text('{"text": "ok"}\n{"body": "no text field"}\n')
     expect_error(capsys, ["data", "prepare", "--from", "jsonl", str(bad_json), "--out", str(tmp_path / "o")],
                  f"'{bad_json}' line 2", "--column")
+    texts = write_texts(tmp_path / "txt", files=1, words=50)
+    expect_error(capsys, ["data", "prepare", "--from", "text", str(texts), "--out", str(tmp_path / "o"),
+                          "--tokenizer", str(tmp_path / "gpt2.json")], str(tmp_path / "gpt2.json"), "tokenizer.json")
+    expect_error(capsys, ["data", "prepare", "--from", "text", str(texts), "--out", str(tmp_path / "o"),
+                          "--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size 100")
     assert not (tmp_path / "o").exists()        # a failed prepare leaves nothing behind

@@ -1,0 +1,95 @@
+"""Text -> token ids for `raydl data prepare`: byte-level, or BPE through Hugging Face `tokenizers`.
+
+    --tokenizer bytes          every UTF-8 byte is a token (vocab 257: 256 bytes + EOS); nothing to train
+    --tokenizer bpe            train a byte-level BPE of --vocab-size on the input itself (one extra pass)
+    --tokenizer FILE.json      an existing `tokenizers` file (e.g. GPT-2's tokenizer.json)
+
+A BPE tokenizer is saved as `tokenizer.json` in the dataset, so `raydl data inspect` can
+decode rows and the same file can encode prompts later. Its end-of-document token is
+`<|endoftext|>`, which a given file must have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from raydl.errors import DataError
+
+EOS_TOKEN = "<|endoftext|>"
+BYTE_EOS = 256
+
+
+class ByteTokenizer:
+    name, vocab_size, eos = "bytes", BYTE_EOS + 1, BYTE_EOS
+
+    def encode(self, texts: list[bytes]) -> list[np.ndarray]:
+        return [np.frombuffer(t, np.uint8).astype(np.int32) for t in texts]
+
+    def save(self, root: Path) -> dict:
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "eos": self.eos}
+
+
+class BpeTokenizer:
+    name = "bpe"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+        self.eos = tokenizer.token_to_id(EOS_TOKEN)
+
+    def encode(self, texts: list[bytes]) -> list[np.ndarray]:
+        encodings = self.tokenizer.encode_batch([t.decode("utf-8", errors="replace") for t in texts])
+        return [np.asarray(e.ids, np.int32) for e in encodings]
+
+    def save(self, root: Path) -> dict:
+        self.tokenizer.save(str(root / "tokenizer.json"))
+        return {"tokenizer": self.name, "vocab_size": self.vocab_size, "eos": self.eos,
+                "tokenizer_file": "tokenizer.json"}
+
+
+def load(spec: str, *, vocab_size: int, training_texts: Iterable[bytes]) -> ByteTokenizer | BpeTokenizer:
+    """`spec` is bytes, bpe (trained on `training_texts`) or a tokenizer.json path."""
+    if spec == "bytes":
+        return ByteTokenizer()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if spec == "bpe":
+        if vocab_size <= BYTE_EOS + 1:
+            raise DataError(f"--vocab-size {vocab_size} is too small for a byte-level BPE (it starts from 256 "
+                            f"bytes and {EOS_TOKEN}). Fix: use e.g. --vocab-size 8192.")
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator((t.decode("utf-8", errors="replace") for t in training_texts), trainer=trainer)
+        return BpeTokenizer(tokenizer)
+    path = Path(spec)
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:      # tokenizers raises a plain Exception for a missing or malformed file
+        raise DataError(f"--tokenizer '{spec}' is not bytes, bpe, or a readable tokenizers JSON file ({e}). "
+                        f"Fix: pass bytes, bpe, or the path of a tokenizer.json.") from None
+    if tokenizer.token_to_id(EOS_TOKEN) is None:
+        raise DataError(f"tokenizer '{spec}' has no {EOS_TOKEN} token, which raydl puts between documents. "
+                        f"Fix: add it as a special token, or use --tokenizer bpe to train one.")
+    return BpeTokenizer(tokenizer)
+
+
+def decoder(meta: dict, root: str):
+    """ids -> text for a dataset's tokenizer (for `raydl data inspect`), or None."""
+    if meta.get("tokenizer") == "bytes":
+        return lambda ids: bytes(t for t in ids if t < BYTE_EOS).decode("utf-8", errors="replace")
+    if meta.get("tokenizer_file"):
+        from tokenizers import Tokenizer
+
+        import pyarrow.fs as pafs
+
+        fs, base = pafs.FileSystem.from_uri(root) if "://" in root else (pafs.LocalFileSystem(), root)
+        with fs.open_input_file(f"{base.rstrip('/')}/{meta['tokenizer_file']}") as f:
+            tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
+        return lambda ids: tokenizer.decode([int(t) for t in ids if t != meta["eos"]])
+    return None
