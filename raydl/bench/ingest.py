@@ -78,7 +78,7 @@ def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[in
 
     loader = StepLoader(open_dataset(str(path)), global_batch=batch, dp_rank=0, dp_size=1, seed=0, shuffle=True,
                         position=DataPosition(0, 0), prefetch=2, backend=backend)
-    steps, times, rows = iter(loader), [], 0
+    steps, times = iter(loader), []
     for _ in range(epochs):
         t0, rows = time.perf_counter(), 0
         for _ in range(loader.steps_per_epoch):

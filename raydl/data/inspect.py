@@ -39,7 +39,7 @@ def sample_row(info: DatasetInfo) -> dict[str, Any]:
             out[key] = f"[{', '.join(map(str, value[:16]))}, ...] ({len(value)} values)"
         else:
             out[key] = value
-    decode = decoder(info.meta, info.root)
+    decode = decoder(info)
     if decode is not None:
         out["text"] = decode(row["input_ids"])[:200]
     if "classes" in info.meta and "label" in row:

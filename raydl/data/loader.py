@@ -201,7 +201,7 @@ class StepLoader:
 
     data.backend picks who reads: `arrow` reads the windows with pyarrow in this process
     (SplitReader); `ray` streams the same rows, in the same order, through Ray Data read tasks
-    on the cluster's CPUs (raydl.data.ray_source), one execution per epoch.
+    on the cluster's CPUs (raydl.data.ray_source).
     """
 
     def __init__(self, info: DatasetInfo, *, global_batch: int, dp_rank: int, dp_size: int, seed: int,
@@ -232,13 +232,12 @@ class StepLoader:
 
     def _tables(self) -> Iterator[tuple[int, pa.Table]]:
         """(epoch, this rank's preprocessed rows) of every step from `position` on."""
-        kw = dict(seed=self.seed, shuffle=self.shuffle, global_batch=self.global_batch, dp_rank=self.dp_rank,
-                  dp_size=self.dp_size, augment=self.augment)
         if self.backend == "ray":
             from raydl.data.ray_source import stream
 
-            yield from stream(self.info, self.split, start=self.position, prefetch=self.prefetch,
-                              read_cpus=self.read_cpus, **kw)
+            yield from stream(self.info, self.split, start=self.position, seed=self.seed, shuffle=self.shuffle,
+                              global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size,
+                              augment=self.augment, prefetch=self.prefetch, read_cpus=self.read_cpus)
             return
         epoch, offset = self.position.epoch, self.position.offset
         preprocess = make_preprocess(self.meta, augment=self.augment, seed=self.seed)

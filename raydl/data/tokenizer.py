@@ -79,16 +79,15 @@ def load(spec: str, *, vocab_size: int, training_texts: Iterable[bytes]) -> Byte
     return BpeTokenizer(tokenizer)
 
 
-def decoder(meta: dict, root: str):
+def decoder(info):
     """ids -> text for a dataset's tokenizer (for `raydl data inspect`), or None."""
+    meta = info.meta
     if meta.get("tokenizer") == "bytes":
         return lambda ids: bytes(t for t in ids if t < BYTE_EOS).decode("utf-8", errors="replace")
     if meta.get("tokenizer_file"):
         from tokenizers import Tokenizer
 
-        import pyarrow.fs as pafs
-
-        fs, base = pafs.FileSystem.from_uri(root) if "://" in root else (pafs.LocalFileSystem(), root)
+        fs, base = info.filesystem()
         with fs.open_input_file(f"{base.rstrip('/')}/{meta['tokenizer_file']}") as f:
             tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
         return lambda ids: tokenizer.decode([int(t) for t in ids if t != meta["eos"]])

@@ -60,6 +60,7 @@ def _write_atomic(target: Path, text: str) -> None:
 def _fingerprint(f: Path) -> list:
     return [f.stat().st_size, sha256_file(f)]
 
+
 def verify(path: str | Path) -> str | None:
     """None if the checkpoint is complete and intact, else what is wrong (the same answer on every rank)."""
     p = Path(path)

@@ -102,7 +102,7 @@ def _all_schedules(rank: int, world_size: int, wrappers: dict[str, str], out_dir
         json.dump(worst, f)
 
 
-def _run(world_size: int, wrappers: dict[str, str], tmp_path) -> None:
+def assert_every_schedule_matches(world_size: int, wrappers: dict[str, str], tmp_path) -> None:
     """Every rank checked every schedule (a rank that skipped one would leave it out) within fp32 rounding."""
     run_gloo(_all_schedules, world_size, wrappers, str(tmp_path))
     for rank in range(world_size):
@@ -124,13 +124,13 @@ def _check_ddp_refused(rank: int, world_size: int, schedule: str, mesh) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_pp2_every_schedule_matches_single_process(tmp_path):
-    _run(2, {s: "fsdp" for s in SCHEDULE_CLASSES}, tmp_path)
+    assert_every_schedule_matches(2, {s: "fsdp" for s in SCHEDULE_CLASSES}, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dp2_pp2_every_replica_gets_full_batch_gradients(tmp_path):
-    _run(4, {s: "fsdp" for s in SCHEDULE_CLASSES}, tmp_path)
+    assert_every_schedule_matches(4, {s: "fsdp" for s in SCHEDULE_CLASSES}, tmp_path)
 
 
 @pytest.mark.slow
@@ -138,4 +138,4 @@ def test_dp2_pp2_every_replica_gets_full_batch_gradients(tmp_path):
 def test_dp2_pp2_replicate_matches_and_ddp_is_refused(tmp_path):
     # replicate (FSDP2-based DDP) is correct with the zero-bubble schedules; classic DDP is refused with PP:
     # pytorch/pytorch#144530 with zero-bubble, a reducer assert on the second step with the others.
-    _run(4, {"zbv": "replicate", "dualpipev": "replicate", "1f1b": "replicate"}, tmp_path)
+    assert_every_schedule_matches(4, {"zbv": "replicate", "dualpipev": "replicate", "1f1b": "replicate"}, tmp_path)
