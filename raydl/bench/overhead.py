@@ -58,7 +58,7 @@ def plain_loop(cfg) -> float:
 
 
 def raydl_run(cfg) -> tuple[float, float]:
-    from raydl.train.trainer import run_training
+    from raydl.driver.ray_trainer import run_training
 
     t0 = time.time()
     summary = run_training(cfg)

@@ -341,7 +341,7 @@ def _driver(argv: list[str]) -> int:
     import ray
 
     from raydl.overrides import load_config
-    from raydl.train.trainer import ray_env, run_training
+    from raydl.driver.ray_trainer import ray_env, run_training
 
     address, summary_path, extra, sets = argv[0], argv[1], json.loads(argv[2]), argv[3:]
     os.environ.update(extra)    # ray_env reads Ray's knobs from here

@@ -64,7 +64,7 @@ def _has_gpu(address: str | None) -> bool:
     if address:
         import ray
 
-        from raydl.train.trainer import connect, ray_env
+        from raydl.driver.ray_trainer import connect, ray_env
         from raydl.config import JobConfig
 
         connect(address, ray_env(JobConfig()))

@@ -16,7 +16,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raydl.train.trainer import run_training
+    from raydl.driver.ray_trainer import run_training
 
     cfg = config_from_args(args)
     summary = run_training(cfg, address=args.address, resume=args.resume)

@@ -26,7 +26,7 @@ from raydl.data.order import DataPosition
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.parallel.engine import build_engine
-from raydl.telemetry.metrics import StepClock, peak_flops, peak_memory_mb
+from raydl.telemetry.step_clock import StepClock, peak_flops, peak_memory_mb
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.train import checkpoint as ckpt
 from raydl.train.optim import build_optimizer, lr_at, set_lr

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from raydl.telemetry.metrics import MetricsWriter
+from raydl.driver.metrics_writer import MetricsWriter
 from raydl.train import checkpoint as ckpt
 
 

@@ -68,7 +68,8 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str) 
     """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint."""
     from ray import tune
 
-    from raydl.train.trainer import build_trainer, prepare_run
+    from raydl.driver.prepare import prepare_run
+    from raydl.driver.ray_trainer import build_trainer
 
     spec = parse_sweep(sweep)
     trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()
@@ -193,7 +194,7 @@ def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int):
 
 def run_sweep(spec: SweepSpec, *, address: str | None = None) -> dict[str, Any]:
     """Start a sweep: check data and resources, write sweep.yaml, run all trials, write the report."""
-    from raydl.train.trainer import connect, ray_env, use_gpu
+    from raydl.driver.ray_trainer import connect, ray_env, use_gpu
 
     spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
     prepare_data(spec)
@@ -211,7 +212,7 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None) -> dict[s
     """Continue an interrupted sweep: finished and failed trials are kept, unfinished ones resume from checkpoints."""
     from ray import tune
 
-    from raydl.train.trainer import connect, ray_env
+    from raydl.driver.ray_trainer import connect, ray_env
 
     sweep_dir = Path(sweep_dir).resolve()
     if not (sweep_dir / SWEEP_FILE).is_file() or not tune.Tuner.can_restore(str(sweep_dir / TUNE_DIR)):

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raydl.overrides import load_config
-from raydl.train.trainer import run_training
+from raydl.driver.ray_trainer import run_training
 from tests.unit.test_data_loader import make_dataset
 
 pytestmark = pytest.mark.slow

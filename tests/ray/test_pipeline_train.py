@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raydl.overrides import load_config
-from raydl.train.trainer import run_training
+from raydl.driver.ray_trainer import run_training
 
 
 @pytest.mark.slow

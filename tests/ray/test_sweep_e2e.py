@@ -47,7 +47,7 @@ def test_batch_by_precision_sweep_writes_report_and_a_best_yaml_that_trains(ray_
     # best.yaml is a plain training config: `raydl train --config best.yaml --set train.max_steps=5`
     best_yaml = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best_yaml["train"]["global_batch_size"] == best["batch"] and best_yaml["train"]["precision"] == best["precision"]
-    from raydl.train.trainer import run_training
+    from raydl.driver.ray_trainer import run_training
 
     cfg = load_config(sweep_dir / "best.yaml", ["train.max_steps=5", f"run.runs_dir={tmp_path / 'again'}"])
     trained = run_training(cfg)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from raydl.overrides import load_config
-from raydl.train.trainer import run_training
+from raydl.driver.ray_trainer import run_training
 
 SUMMARY_FIELDS = {"steps", "samples", "first_loss", "final_loss", "eval", "samples_per_s", "world_sizes",
                   "restarts", "precision", "wall_s", "checkpoint", "layouts", "data_wait_frac"}

@@ -11,7 +11,7 @@ from typing import Any
 from ray.train import Checkpoint
 from ray.train.v2.api.callback import UserCallback
 
-from raydl.telemetry.metrics import MetricsWriter
+from raydl.driver.metrics_writer import MetricsWriter
 
 
 class MetricsCallback(UserCallback):
