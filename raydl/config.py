@@ -11,6 +11,7 @@ a worker group starts, in `raydl.parallel.mesh`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -150,12 +151,6 @@ class JobConfig:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobConfig":
-        from raydl.overrides import build_config
-
-        return build_config(data)
-
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}  # type: ignore[misc]
 
@@ -172,12 +167,42 @@ def iter_fields():
             yield section, f
 
 
-def _positive(cfg: JobConfig, path: str, *, allow_zero: bool = False) -> None:
-    section, key = path.split(".")
-    value = getattr(getattr(cfg, section), key)
-    if value < 0 or (value == 0 and not allow_zero):
-        need = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(path, f"is {value}, must be {need}", f"set --set {path}=<a value {need}>")
+# Allowed range of every numeric field: (lowest, highest, lowest allowed?, highest allowed?).
+# None = unbounded on that side; every float must also be finite (NaN compares false with everything).
+RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "data.builtin_samples": (0, None, False, False), "data.shard_rows": (0, None, False, False),
+    "data.eval_fraction": (0, 1, False, False), "data.max_bad_shards": (0, None, True, False),
+    "data.prefetch_batches": (0, None, True, False), "data.read_cpus": (0, None, True, False),
+    "model.dropout": (0, 1, True, False), "parallel.num_microbatches": (0, None, True, False),
+    "train.lr": (0, None, False, False), "train.weight_decay": (0, None, True, False),
+    "train.beta1": (0, 1, True, False), "train.beta2": (0, 1, True, False), "train.momentum": (0, 1, True, False),
+    "train.warmup_steps": (0, None, True, False), "train.min_lr_ratio": (0, 1, True, True),
+    "train.global_batch_size": (0, None, False, False), "train.micro_batch_size": (0, None, False, False),
+    "train.max_steps": (0, None, True, False), "train.max_epochs": (0, None, True, False),
+    "train.grad_clip": (0, None, True, False), "train.seed": (0, None, True, False),
+    "train.eval_every": (0, None, True, False), "train.eval_batches": (0, None, False, False),
+    "checkpoint.every_steps": (0, None, False, False), "checkpoint.keep": (0, None, False, False),
+    "scaling.min_workers": (0, None, False, False), "scaling.max_workers": (0, None, False, False),
+    "scaling.cpus_per_worker": (0, None, False, False), "scaling.gpus_per_worker": (0, None, True, False),
+    "scaling.max_failures": (-1, None, True, False), "scaling.resize_check_s": (0, None, False, False),
+    "scaling.worker_start_timeout_s": (0, None, False, False), "telemetry.report_every": (0, None, False, False),
+}
+
+
+def describe_range(path: str) -> str:
+    low, high, low_ok, high_ok = RANGES[path]
+    parts = ([f"{'>=' if low_ok else '>'} {low:g}"] if low is not None else []) + \
+            ([f"{'<=' if high_ok else '<'} {high:g}"] if high is not None else [])
+    return " and ".join(parts)
+
+
+def _check_range(path: str, value: float) -> None:
+    low, high, low_ok, high_ok = RANGES[path]
+    inside = math.isfinite(value) and (low is None or value > low or (low_ok and value == low)) and \
+        (high is None or value < high or (high_ok and value == high))
+    if not inside:
+        need = describe_range(path)
+        raise ConfigError(path, f"is {value}, must be a finite number {need}", f"set --set {path}=<a value {need}>")
 
 
 def validate(cfg: JobConfig) -> None:
@@ -188,14 +213,8 @@ def validate(cfg: JobConfig) -> None:
         if choices and value not in choices:
             raise ConfigError(f"{section}.{f.name}", f"is {value!r}, not one of {', '.join(choices)}",
                               f"pick one of them, e.g. --set {section}.{f.name}={choices[0]}")
-    for path in ("train.global_batch_size", "train.micro_batch_size", "train.lr", "scaling.min_workers",
-                 "scaling.max_workers", "data.shard_rows", "telemetry.report_every", "checkpoint.every_steps",
-                 "checkpoint.keep", "scaling.cpus_per_worker", "data.builtin_samples", "train.eval_batches"):
-        _positive(cfg, path)
-    for path in ("train.max_steps", "train.max_epochs", "train.warmup_steps", "train.grad_clip",
-                 "train.weight_decay", "train.eval_every", "parallel.num_microbatches", "data.max_bad_shards",
-                 "data.prefetch_batches", "scaling.gpus_per_worker", "scaling.resize_check_s", "data.read_cpus"):
-        _positive(cfg, path, allow_zero=True)
+        if f"{section}.{f.name}" in RANGES and isinstance(value, (int, float)):
+            _check_range(f"{section}.{f.name}", value)
     t, s = cfg.train, cfg.scaling
     if t.max_steps == 0 and t.max_epochs == 0:
         raise ConfigError("train.max_steps", "and train.max_epochs are both 0, so the run would never stop",
@@ -207,10 +226,6 @@ def validate(cfg: JobConfig) -> None:
     if s.min_workers > s.max_workers:
         raise ConfigError("scaling.min_workers", f"({s.min_workers}) is larger than scaling.max_workers ({s.max_workers})",
                           f"set --set scaling.max_workers={s.min_workers} or lower min_workers")
-    if s.max_failures < -1:
-        raise ConfigError("scaling.max_failures", f"is {s.max_failures}", "use -1 (unlimited), 0 or a positive count")
-    if not 0 < cfg.data.eval_fraction < 1:
-        raise ConfigError("data.eval_fraction", f"is {cfg.data.eval_fraction}", "use a fraction between 0 and 1")
     if cfg.data.backend == "ray" and cfg.data.max_bad_shards:
         raise ConfigError("data.max_bad_shards", "needs data.backend=arrow: Ray Data read tasks run apart and "
                           "cannot share one count of skipped shards", "set --set data.backend=arrow, or "

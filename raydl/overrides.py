@@ -19,8 +19,8 @@ from raydl.config import SECTIONS, JobConfig, field_type, is_union
 from raydl.errors import ConfigError
 
 
-def _suggest(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
+def _suggest(word: Any, options) -> str:
+    close = difflib.get_close_matches(str(word), list(options), n=1)
     return f"did you mean '{close[0]}'? " if close else ""
 
 
@@ -47,13 +47,13 @@ def coerce(path: str, value: Any, tp: Any) -> Any:
     if typing.get_origin(tp) is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip() else []
+            value = _safe_yaml(path, value) if value.strip() else []
             value = value if isinstance(value, list) else [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(path, f"got {value!r}, expected a list", "write it as [1, 2]")
         return [coerce(path, v, item_tp) for v in value]
     if isinstance(value, str) and tp is not str:
-        value = _parse_scalar(value, tp)
+        value = _parse_scalar(path, value, tp)
     if tp is bool and isinstance(value, bool):
         return value
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
@@ -73,14 +73,22 @@ def coerce(path: str, value: Any, tp: Any) -> Any:
                       f"give a {getattr(tp, '__name__', tp)} value, e.g. --set {path}=<value>")
 
 
-def _parse_scalar(text: str, tp: Any) -> Any:
+def _parse_scalar(path: str, text: str, tp: Any) -> Any:
     """CLI text -> Python value. Numbers are parsed directly: YAML 1.1 reads '3e-3' as a string."""
     if tp in (int, float):
         try:
             return tp(text)
         except ValueError:
             pass
-    return yaml.safe_load(text) if text.strip() else text
+    return _safe_yaml(path, text) if text.strip() else text
+
+
+def _safe_yaml(path: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(path, f"has the value {text!r}, which is not valid YAML ({str(e).splitlines()[0]})",
+                          "quote the value or fix its brackets, e.g. --set parallel.stage_cuts=[2,4]") from None
 
 
 def build_config(tree: dict[str, Any]) -> JobConfig:
@@ -132,10 +140,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError("--config", f"file '{p}' does not exist", "pass the path of a YAML config file")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError("--config", f"file '{p}' is not UTF-8 text (byte {e.start})",
+                          "save the config as UTF-8 YAML") from None
     except yaml.YAMLError as e:
         raise ConfigError("--config", f"file '{p}' is not valid YAML ({str(e).splitlines()[0]})",
                           "fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--config", f"file '{p}' holds a YAML {type(data).__name__}, not a mapping of sections",
+                          "write the config as 'section:' blocks of 'key: value'")
     return data
 
 

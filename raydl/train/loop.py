@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raydl.config import JobConfig
+from raydl.overrides import build_config
 from raydl.data.dataset import check_task, open_dataset
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
@@ -72,7 +72,7 @@ def mean_over_loss_ranks(values: list[float], has_loss: bool, device: torch.devi
 
 def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     t_start = time.time()
-    cfg = JobConfig.from_dict(job["config"])
+    cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep)
     spec = get_spec(cfg.model)

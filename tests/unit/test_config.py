@@ -10,7 +10,7 @@ import yaml
 from raydl.cli import main
 from raydl.config import JobConfig, iter_fields
 from raydl.errors import ConfigError, LayoutError
-from raydl.overrides import dump_yaml, load_config
+from raydl.overrides import build_config, dump_yaml, load_config
 from raydl.parallel.mesh import resolve_layout
 
 
@@ -23,7 +23,7 @@ def test_yaml_and_overrides_round_trip(tmp_path):
     again = tmp_path / "again.yaml"
     again.write_text(dump_yaml(cfg))
     assert load_config(again) == cfg
-    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+    assert build_config(cfg.to_dict()) == cfg
 
 
 @pytest.mark.parametrize("override, field", [
