@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raydl.errors import ConfigError
+from raydl.parallel import schedules
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -76,8 +77,7 @@ class DataSection:
 @dataclass(kw_only=True)
 class ParallelSection:
     pp_degree: int | str = _f(1, "Pipeline-parallel degree (stages across workers), or 'auto' to let the planner choose.")
-    schedule: str = _f("1f1b", "Pipeline schedule: gpipe, 1f1b, loopedbfs, interleaved1f1b, interleavedzb, zbv, dualpipev.",
-                       choices=("gpipe", "1f1b", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev"))
+    schedule: str = _f("1f1b", f"Pipeline schedule: {', '.join(schedules.NAMES)}.", choices=schedules.NAMES)
     num_microbatches: int = _f(0, "Pipeline micro-batches per step and replica; 0 = derived from the batch sizes.")
     stage_cuts: list[int] = _f([], "Manual stage boundaries (block index where each later stage starts); overrides the planner.")
     dp_wrapper: str = _f("fsdp", "Data-parallel wrapper: fsdp (FSDP2 fully_shard; composes with every pipeline schedule), "

@@ -51,16 +51,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from raydl.bench.common import machine, write_result
-from raydl.errors import ConfigError
+from raydl.errors import ConfigError, LayoutError
 from raydl.models.blocks import BlockModel
-from raydl.parallel import planner
+from raydl.parallel import planner, schedules
 from raydl.parallel.mesh import Layout
-from raydl.parallel.pipeline import SCHEDULE_CLASSES, pipeline_model, stage_indices
+from raydl.parallel.pipeline import pipeline_model
+from raydl.parallel.schedules import stage_indices
 
 PP = 2
 NUM_BLOCKS = 4
-FORMULA_SCHEDULES = ("gpipe", "1f1b")
-ZERO_BUBBLE = ("interleavedzb", "zbv", "dualpipev")
+FORMULA_SCHEDULES = tuple(s.name for s in schedules.SCHEDULES.values() if s.bubble_slots_per_microbatch == 1)
+ZERO_BUBBLE = tuple(s.name for s in schedules.SCHEDULES.values() if s.zero_bubble)
 FORMULA_TOLERANCE = 0.05   # goal: measured bubble within 5 percentage points of (p-1)/(m+p-1)
 MEASURABLE = 0.02          # goal: a zero-bubble schedule's bubble at least 2 points below 1f1b's
 
@@ -80,14 +81,14 @@ def accepted_configs(schedules: Iterable[str], microbatches: Iterable[int], *, b
                 planner.validate_layout(num_blocks=NUM_BLOCKS, world_size=pp, pp=pp, schedule=schedule,
                                         num_microbatches=m, global_batch=batch, micro_batch=batch // m)
                 accepted.append((schedule, m))
-            except planner.PlanError as error:
+            except LayoutError as error:
                 skipped[f"{schedule} m={m}"] = str(error)
     return accepted, skipped
 
 
 def formula_bubble(schedule: str, m: int, pp: int = PP) -> float | None:
     """(p-1)/(m+p-1), the GPipe/1F1B bubble; None for the schedules it does not describe."""
-    return (pp - 1) / (m + pp - 1) if schedule in FORMULA_SCHEDULES else None
+    return schedules.bubble_fraction(schedule, pp, m) if schedule in FORMULA_SCHEDULES else None
 
 
 def per_step(step_by_rank: list[list[float]], busy_by_rank: list[list[float]]) -> dict[str, list[float]]:
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="Timed steps per config (medians are reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps per config before the timed ones.")
     p.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--schedules", nargs="+", default=list(SCHEDULE_CLASSES), choices=list(SCHEDULE_CLASSES))
+    p.add_argument("--schedules", nargs="+", default=list(schedules.NAMES), choices=schedules.NAMES)
     p.add_argument("--cost-ms", type=float, default=20.0,
                    help="sim: sleep per pass (F, B, W) per block; a rank does 6 per micro-batch.")
     p.add_argument("--dim", type=int, default=None, help="Block width (default 64 sim, 1024 real).")

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from raydl.config import JobConfig
+from raydl.errors import LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
 from raydl.parallel import planner
@@ -115,7 +116,7 @@ def plan_layouts(profile: planner.ModelProfile, cfg: JobConfig, *, world_size: i
     floor = min_micro_batch(cfg)
     usable = [c for c in candidates if c.fits and c.micro_batch >= floor]
     if not usable:
-        raise planner.PlanError(
+        raise LayoutError(
             f"no layout of {world_size} workers fits with a micro-batch of at least {floor} samples "
             f"(train.micro_batch_size={cfg.train.micro_batch_size} // 4); the best fitting one is "
             f"{_describe(candidates[0])}. Fix: lower train.micro_batch_size, or set parallel.pp_degree explicitly.")

@@ -13,19 +13,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from raydl.errors import LayoutError
 
-ZERO_BUBBLE = ("interleavedzb", "zbv", "dualpipev")
-
-
-def apply_data_parallel(model: nn.Module, *, dp_mesh, wrapper: str, pp_enabled: bool, schedule: str = "none") -> nn.Module:
+def apply_data_parallel(model: nn.Module, *, dp_mesh, wrapper: str, pp_enabled: bool) -> nn.Module:
     """Wrap `model` for data parallelism over `dp_mesh` (a 1-D DeviceMesh); no-op for one replica."""
     if dp_mesh is None or dp_mesh.size() == 1:
         return model
-    if wrapper == "ddp":
-        if schedule in ZERO_BUBBLE:
-            raise LayoutError(f"parallel.dp_wrapper=ddp gives wrong (un-averaged) gradients with the {schedule} "
-                              f"schedule (pytorch/pytorch#144530). Fix: use parallel.dp_wrapper=fsdp or replicate.")
+    if wrapper == "ddp":   # never with pp > 1: the pipeline's validation refuses it
         return DistributedDataParallel(model, process_group=dp_mesh.get_group())
     if wrapper == "replicate":
         from torch.distributed._composable.replicate_with_fsdp import replicate

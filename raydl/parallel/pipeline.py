@@ -5,9 +5,7 @@
 
 A stage is the full `BlockModel` with the blocks it does not own deleted, so parameter names
 (`blocks.h3.attn.qkv.weight`) are the same in every layout and DCP checkpoints reshard freely.
-gpipe and 1f1b run one stage per rank; the others run two: "loop" placement (stage s on rank
-s % pp) for loopedbfs/interleaved*, "V" placement (rank r holds r and 2pp-1-r) for zbv/dualpipev,
-as torch's schedules require. Data parallelism is a function applied to each stage
+Which stages a rank runs is the schedule's placement (`raydl.parallel.schedules`). Data parallelism is a function applied to each stage
 (`pipeline_model(..., parallelize=...)`), as in torchtitan's `pipeline_llm`.
 """
 
@@ -20,54 +18,31 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleLoopedBFS, ScheduleZBVZeroBubble)
+from torch.distributed.pipelining import PipelineStage
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
-from raydl.parallel import planner
+from raydl.parallel import planner, schedules
 from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.mesh import Layout
 from raydl.train.optim import clip_grad_norm
 from raydl.train.precision import autocast
 from raydl.train.step import StepStats
 
-__all__ = ["SCHEDULE_CLASSES", "stage_indices", "stage_cuts", "validate", "pipeline_model", "PipelineEngine"]
-
-SCHEDULE_CLASSES = {
-    "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "loopedbfs": ScheduleLoopedBFS,
-    "interleaved1f1b": ScheduleInterleaved1F1B, "interleavedzb": ScheduleInterleavedZeroBubble,
-    "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV,
-}
-SINGLE_STAGE = ("gpipe", "1f1b")
-V_SHAPED = ("zbv", "dualpipev")
-
-
-def stages_per_rank(schedule: str) -> int:
-    return 1 if schedule in SINGLE_STAGE else 2
-
-
-def stage_indices(schedule: str, pp: int, pp_rank: int) -> tuple[int, ...]:
-    """The global stage indices this pipeline rank runs, in execution order."""
-    if schedule in SINGLE_STAGE:
-        return (pp_rank,)
-    if schedule in V_SHAPED:
-        return (pp_rank, 2 * pp - 1 - pp_rank)
-    return (pp_rank, pp_rank + pp)
+__all__ = ["stage_cuts", "validate", "pipeline_model", "PipelineEngine"]
 
 
 def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
     """Manual cuts (parallel.stage_cuts or the planner's) or, without them, equal block counts."""
     if layout.stage_cuts:
         return tuple(layout.stage_cuts)
-    return planner.balanced_cuts([1.0] * num_blocks, layout.pp * stages_per_rank(layout.schedule))
+    return planner.balanced_cuts([1.0] * num_blocks, layout.pp * schedules.get(layout.schedule).stages_per_rank)
 
 
 def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str) -> None:
-    """Raise LayoutError (planner.PlanError) before any process group work, with the numbers and the fix."""
+    """Raise LayoutError before any process group work, with the numbers and the fix."""
     planner.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,
                             schedule=layout.schedule, num_microbatches=layout.num_microbatches,
                             global_batch=layout.global_batch, micro_batch=layout.micro_batch,
@@ -99,7 +74,7 @@ def split_stages(model: BlockModel, cuts: tuple[int, ...], indices: tuple[int, .
 def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group, device: torch.device,
                    parallelize: Callable[[nn.Module], nn.Module], loss_fn) -> tuple[Any, list[PipelineStage], BlockModel]:
     """(schedule, this rank's stages, a BlockModel holding this rank's blocks under their global names)."""
-    indices = stage_indices(layout.schedule, layout.pp, pp_rank)
+    indices = schedules.stage_indices(layout.schedule, layout.pp, pp_rank)
     modules = split_stages(model, stage_cuts(layout, len(model.blocks)), indices)
     num_stages = layout.pp * len(indices)
     stages = []
@@ -107,7 +82,7 @@ def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group,
         module.to(device)
         # PipelineStage infers activation shapes on the first step (one extra P2P round).
         stages.append(PipelineStage(parallelize(module), index, num_stages, device, group=pp_group))
-    cls = SCHEDULE_CLASSES[layout.schedule]
+    cls = schedules.get(layout.schedule).torch_class()
     target = stages[0] if len(stages) == 1 else stages
     schedule = cls(target, n_microbatches=layout.num_microbatches, loss_fn=loss_fn, scale_grads=True)
     # The checkpointed module: the unwrapped blocks (FSDP2 shards them in place), names unchanged.
@@ -129,7 +104,7 @@ class PipelineEngine:
         self.pp_group = mesh["pp"].get_group()
         pp_rank = layout.coords(session.rank)[1]
         parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=cfg.parallel.dp_wrapper,
-                                        pp_enabled=True, schedule=layout.schedule)
+                                        pp_enabled=True)
         self.schedule, self.stages, self.model = pipeline_model(
             model, layout=layout, pp_rank=pp_rank, pp_group=self.pp_group, device=session.device,
             parallelize=parallelize, loss_fn=spec.loss)
@@ -185,8 +160,7 @@ class PipelineEngine:
         steps anyway and fails ("can't steal_bwd_input"); eval needs no pipelining to be correct.
         """
         mine = {stage.stage_index: stage.submod for stage in self.stages}
-        owner = [r for s in range(self.stages[0].num_stages) for r in range(self.layout.pp)
-                 if s in stage_indices(self.layout.schedule, self.layout.pp, r)]
+        owner = schedules.stage_ranks(self.layout.schedule, self.layout.pp)
         for s, rank in enumerate(owner):
             if rank != self.pp_rank:
                 continue

@@ -22,11 +22,9 @@ Stage and rank time per micro-batch
 Step time
     ``step = m * max(T_rank) / (1 - bubble)``; for gpipe/1f1b that is ``(m + p - 1) * max(T_rank)``,
     the GPipe formula. The data-parallel gradient all-reduce is not modelled (it overlaps backward).
-Bubble (idle share of the step, p = pp, m micro-batches; `bubble_fraction`)
-    gpipe, 1f1b                  (p-1)/(m+p-1)     GPipe, arXiv 1811.06965; 1F1B only saves memory
-    loopedbfs, interleaved1f1b   (p-1)/(2m+p-1)    Megatron-LM interleaved 1F1B, v=2, arXiv 2104.04473
-    interleavedzb (ZB-H1)        (p-1)/(3m+p-1)    Zero Bubble PP, arXiv 2401.10241, T_F = T_B = T_W
-    zbv, dualpipev               (p-1)/(6m+p-1)    ~0 in the ZB-V ideal; small residual, see below
+Bubble (idle share of the step, p = pp, m micro-batches)
+    ``(p-1)/(k*m+p-1)`` with k slots per micro-batch from the schedule table, `schedules.bubble_fraction`:
+    gpipe/1f1b (p-1)/(m+p-1), loopedbfs/interleaved1f1b k=2, interleavedzb k=3, zbv/dualpipev k=4.
 Memory per rank
     params + grads (= params) + optimizer states (``optimizer_bytes_per_param_byte * params``) +
     activations kept for backward. No sharding over dp is assumed (conservative for FSDP2).
@@ -50,34 +48,15 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from raydl.errors import LayoutError
+from raydl.parallel import schedules
+from raydl.parallel.schedules import require_positive
 
 __all__ = [
-    "SCHEDULES", "BlockProfile", "ModelProfile", "StagePrediction", "Layout", "PlanError",
-    "balanced_cuts", "bubble_fraction", "validate_layout", "validate_stage_cuts", "evaluate", "plan", "format_table",
+    "BlockProfile", "ModelProfile", "StagePrediction", "Layout",
+    "balanced_cuts", "validate_layout", "validate_stage_cuts", "evaluate", "plan", "format_table",
 ]
 
-SCHEDULES = ("gpipe", "1f1b", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
-# Stages per rank: 1 for gpipe/1f1b; 2 for the others (looped/interleaved use 2 virtual stages per
-# rank, zbv/dualpipev exactly 2 in "V" shape, which torch enforces).
-_SINGLE_STAGE = ("gpipe", "1f1b")
-_V_SHAPED = ("zbv", "dualpipev")
-_V = 2
-# Tie-break for equal predicted time: 1f1b before gpipe (same time, less activation memory).
-_PREFERENCE = ("1f1b", "gpipe", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")
-# The fill/drain of a pipeline idles p-1 "slots"; a slot is 1/k of one micro-batch's work on a rank.
-# Interleaving (v=2) halves the slot; ZB-H1 splits backward into B and W, so with T_F=T_B=T_W a slot is
-# one of the three passes. ZB-V (and DualPipeV, its cut-in-half DualPipe) fills the pipeline fully in
-# the paper's ideal, but `raydl bench pipeline` measured 0.08-0.11 at p=2, m=8 (0.10 at m=4; notes §2b
-# 0.08-0.12), about k=2 on this CPU, where every interleaved/zero-bubble schedule landed within noise of
-# the others. k=4 keeps the papers' order (ZB-V ahead of ZB-H1) while halving the old optimism (k=6).
-_BUBBLE_SLOTS_PER_MICROBATCH = {
-    "gpipe": 1, "1f1b": 1, "loopedbfs": _V, "interleaved1f1b": _V, "interleavedzb": 3, "zbv": 4, "dualpipev": 4,
-}
 _MIB = 2**20
-
-
-class PlanError(LayoutError):
-    """A layout request that cannot work; the message has the numbers and the fix (a ValueError)."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +80,8 @@ class ModelProfile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "blocks", tuple(self.blocks))
         if not self.blocks:
-            raise PlanError("the model profile has no blocks; profile at least one block")
-        _require_positive(micro_batch=self.micro_batch)
+            raise LayoutError("the model profile has no blocks; profile at least one block")
+        require_positive(micro_batch=self.micro_batch)
 
 
 @dataclass(frozen=True)
@@ -128,14 +107,14 @@ class Layout:
 
 
 # ---------------------------------------------------------------------------------------------
-# Partitioning and bubble
+# Partitioning
 
 
 def balanced_cuts(costs: Sequence[float], num_stages: int) -> tuple[int, ...]:
     """Contiguous partition of `costs` into num_stages non-empty parts minimising the maximum part
     sum (exact dynamic programme); returns the start indices of parts 2..n."""
     if not isinstance(num_stages, int) or not 1 <= num_stages <= len(costs):
-        raise PlanError(
+        raise LayoutError(
             f"cannot cut {len(costs)} blocks into {num_stages} non-empty stages; use 1..{len(costs)} stages"
         )
     return _balanced_cuts(tuple(float(c) for c in costs), num_stages)
@@ -165,18 +144,6 @@ def _balanced_cuts(costs: tuple[float, ...], k: int) -> tuple[int, ...]:
     return tuple(reversed(cuts))
 
 
-def bubble_fraction(schedule: str, pp: int, num_microbatches: int) -> float:
-    """Textbook idle share of the step (see the module docstring); pp == 1 gives 0."""
-    _check_schedule_name(schedule)
-    _require_positive(pp=pp, num_microbatches=num_microbatches)
-    slots = _BUBBLE_SLOTS_PER_MICROBATCH[schedule] * num_microbatches
-    if num_microbatches < pp and schedule not in _SINGLE_STAGE:
-        # Fewer micro-batches than ranks: a rank's two stages cannot overlap anything, so the
-        # multi-stage schedules idle like GPipe (measured 0.52 for loopedbfs/interleaved1f1b at p=2, m=1).
-        slots = num_microbatches
-    return (pp - 1) / (slots + pp - 1)
-
-
 # ---------------------------------------------------------------------------------------------
 # Validation
 
@@ -192,105 +159,72 @@ def validate_layout(
     micro_batch: int,
     stage_cuts: Sequence[int] | None = None,
 ) -> None:
-    """Raise PlanError, with the numbers and the fix, for a layout torch or the batch sizes reject."""
+    """Raise LayoutError, with the numbers and the fix, for a layout torch or the batch sizes reject."""
     _check_mesh(num_blocks, world_size, pp, schedule)
     _check_batch(world_size // pp, num_microbatches, global_batch, micro_batch)
-    _check_schedule_constraints(schedule, pp, num_microbatches)
+    schedules.check_microbatches(schedule, pp, num_microbatches)
     if stage_cuts is not None:
         _check_cuts(tuple(stage_cuts), num_blocks, pp, schedule)
 
 
 def validate_stage_cuts(stage_cuts: Sequence[int], *, num_blocks: int, pp: int, schedule: str) -> None:
-    """Raise PlanError for manual cuts that do not fit pp x stages-per-rank stages of num_blocks blocks."""
-    _check_schedule_name(schedule)
+    """Raise LayoutError for manual cuts that do not fit pp x stages-per-rank stages of num_blocks blocks."""
     _check_cuts(tuple(stage_cuts), num_blocks, pp, schedule)
 
 
-def _require_positive(**values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{name}={value!r} must be a positive integer")
-
-
-def _check_schedule_name(schedule: str) -> None:
-    if schedule not in SCHEDULES:
-        raise PlanError(f"unknown pipeline schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
-
-
 def _check_mesh(num_blocks: int, world_size: int, pp: int, schedule: str) -> None:
-    _check_schedule_name(schedule)
-    _require_positive(num_blocks=num_blocks, world_size=world_size, pp=pp)
+    per_rank = schedules.get(schedule).stages_per_rank
+    require_positive(num_blocks=num_blocks, world_size=world_size, pp=pp)
     if world_size % pp:
         choices = ", ".join(str(d) for d in _divisors(world_size) if d <= num_blocks)
-        raise PlanError(f"world_size={world_size} is not divisible by pp={pp}; use pp in {{{choices}}}")
-    per_rank = _stages_per_rank(schedule)
+        raise LayoutError(f"world_size={world_size} is not divisible by pp={pp}; use pp in {{{choices}}}")
     if pp * per_rank > num_blocks:
-        raise PlanError(
+        raise LayoutError(
             f"pp={pp} with schedule {schedule!r} needs {pp * per_rank} stages ({per_rank} per rank) but the "
             f"model has only {num_blocks} blocks; use pp <= {num_blocks // per_rank}"
         )
 
 
 def _check_batch(dp: int, num_microbatches: int, global_batch: int, micro_batch: int) -> None:
-    _require_positive(global_batch=global_batch)
+    require_positive(global_batch=global_batch)
     if isinstance(micro_batch, int) and micro_batch < 1:
-        raise PlanError(
+        raise LayoutError(
             f"micro_batch={micro_batch}: global_batch={global_batch} / dp={dp} / num_microbatches="
             f"{num_microbatches} leaves less than one sample per micro-batch; use num_microbatches <= "
             f"{global_batch // dp} or a larger global batch"
         )
-    _require_positive(micro_batch=micro_batch)
+    require_positive(micro_batch=micro_batch)
     if global_batch % (dp * micro_batch):
         step = dp * micro_batch
-        raise PlanError(
+        raise LayoutError(
             f"global_batch={global_batch} is not divisible by dp*micro_batch = {dp}*{micro_batch} = {step}; "
             f"use a global batch that is a multiple of {step} (e.g. {math.ceil(global_batch / step) * step}) "
             f"or another micro-batch"
         )
-    _require_positive(num_microbatches=num_microbatches)
+    require_positive(num_microbatches=num_microbatches)
     per_replica = global_batch // dp
     if per_replica != num_microbatches * micro_batch:
-        raise PlanError(
+        raise LayoutError(
             f"per-replica batch global_batch/dp = {global_batch}/{dp} = {per_replica} must equal "
             f"num_microbatches*micro_batch = {num_microbatches}*{micro_batch} = {num_microbatches * micro_batch}; "
             f"use num_microbatches={per_replica // micro_batch}"
         )
 
 
-def _check_schedule_constraints(schedule: str, pp: int, m: int) -> None:
-    """The checks torch 2.13's schedule constructors make, raised before any process starts."""
-    if schedule == "1f1b" and m < pp:
-        raise PlanError(
-            f"schedule '1f1b' needs num_microbatches >= pp (torch Schedule1F1B); got num_microbatches={m} "
-            f"< pp={pp}; use num_microbatches >= {pp} or schedule 'gpipe'"
-        )
-    rounds = max(1, m // pp)
-    if schedule in ("interleaved1f1b", "interleavedzb") and m % rounds:
-        raise PlanError(
-            f"schedule {schedule!r} needs num_microbatches divisible by max(1, num_microbatches // pp) = "
-            f"{rounds}; got num_microbatches={m}, pp={pp}; use a multiple of pp such as {rounds * pp}"
-        )
-    if schedule == "dualpipev" and m < 2 * pp:
-        raise PlanError(
-            f"schedule 'dualpipev' needs num_microbatches >= number of stages = 2*pp = {2 * pp}; got "
-            f"num_microbatches={m}; use num_microbatches >= {2 * pp}"
-        )
-
-
 def _check_cuts(cuts: tuple[int, ...], num_blocks: int, pp: int, schedule: str) -> None:
-    per_rank = _stages_per_rank(schedule)
+    per_rank = schedules.get(schedule).stages_per_rank
     num_stages = pp * per_rank
     if len(cuts) != num_stages - 1:
-        raise PlanError(
+        raise LayoutError(
             f"stage_cuts {cuts} has {len(cuts)} cuts but pp={pp} x {per_rank} stage(s) per rank for "
             f"{schedule!r} = {num_stages} stages need {num_stages - 1}"
         )
     for cut in cuts:
         if not isinstance(cut, int) or not 1 <= cut <= num_blocks - 1:
-            raise PlanError(f"stage_cuts {cuts}: cut {cut!r} is outside 1..{num_blocks - 1} ({num_blocks} blocks)")
+            raise LayoutError(f"stage_cuts {cuts}: cut {cut!r} is outside 1..{num_blocks - 1} ({num_blocks} blocks)")
     for i in range(1, len(cuts)):
         if cuts[i] <= cuts[i - 1]:
-            raise PlanError(
+            raise LayoutError(
                 f"stage_cuts {cuts} must be strictly increasing (every stage needs a block); "
                 f"cut {cuts[i]} at position {i} follows {cuts[i - 1]}"
             )
@@ -316,19 +250,19 @@ def evaluate(
     are cut by `balanced_cuts` on fwd+bwd time."""
     num_blocks = len(profile.blocks)
     _check_mesh(num_blocks, world_size, pp, schedule)
-    _require_positive(global_batch=global_batch)
+    require_positive(global_batch=global_batch)
     dp = world_size // pp
     if num_microbatches is None:
         micro_batch = profile.micro_batch
         num_microbatches = global_batch // dp // micro_batch
     else:
-        _require_positive(num_microbatches=num_microbatches)
+        require_positive(num_microbatches=num_microbatches)
         micro_batch = global_batch // dp // num_microbatches
     validate_layout(
         num_blocks=num_blocks, world_size=world_size, pp=pp, schedule=schedule, num_microbatches=num_microbatches,
         global_batch=global_batch, micro_batch=micro_batch, stage_cuts=stage_cuts,
     )
-    num_stages = pp * _stages_per_rank(schedule)
+    num_stages = pp * schedules.get(schedule).stages_per_rank
     cuts = tuple(stage_cuts) if stage_cuts is not None else balanced_cuts(_block_costs(profile), num_stages)
     return _predict(profile, dp, pp, schedule, num_microbatches, micro_batch, cuts, device_memory_bytes)
 
@@ -342,7 +276,7 @@ def _predict(
     costs = _block_costs(profile)
     stage_times = [scale * sum(costs[a:e]) for a, e in bounds]
     rank_times = _rank_times(profile, schedule, pp, bounds, stage_times, scale)
-    bubble = bubble_fraction(schedule, pp, m)
+    bubble = schedules.bubble_fraction(schedule, pp, m)
     memory = _stage_memory(profile, schedule, pp, m, scale, bounds, checkpoint=False)
     stages = tuple(
         StagePrediction(blocks=b, compute_s=m * t, peak_memory_bytes=mem)
@@ -365,19 +299,6 @@ def _block_costs(profile: ModelProfile) -> tuple[float, ...]:
     return tuple(b.fwd_s + b.bwd_s for b in profile.blocks)
 
 
-def _stages_per_rank(schedule: str) -> int:
-    return 1 if schedule in _SINGLE_STAGE else _V
-
-
-def _stage_ranks(schedule: str, pp: int) -> tuple[int, ...]:
-    """The rank running each stage, mapped as torch does: "loop" (stage s on rank s % pp) or "v"
-    (rank r holds stages r and 2pp-1-r)."""
-    num_stages = pp * _stages_per_rank(schedule)
-    if schedule in _V_SHAPED:
-        return tuple(s if s < pp else 2 * pp - 1 - s for s in range(num_stages))
-    return tuple(s % pp for s in range(num_stages))
-
-
 def _stage_bounds(cuts: tuple[int, ...], num_blocks: int) -> tuple[tuple[int, int], ...]:
     edges = (0, *cuts, num_blocks)
     return tuple(zip(edges[:-1], edges[1:]))
@@ -385,7 +306,7 @@ def _stage_bounds(cuts: tuple[int, ...], num_blocks: int) -> tuple[tuple[int, in
 
 def _rank_sums(schedule: str, pp: int, per_stage: Sequence[float]) -> list[float]:
     totals = [0] * pp
-    for rank, value in zip(_stage_ranks(schedule, pp), per_stage):
+    for rank, value in zip(schedules.stage_ranks(schedule, pp), per_stage):
         totals[rank] += value
     return totals
 
@@ -396,7 +317,7 @@ def _rank_times(
 ) -> list[float]:
     """Seconds per micro-batch on each rank: its stages' compute plus the transfers it waits for."""
     times = _rank_sums(schedule, pp, stage_times)
-    ranks = _stage_ranks(schedule, pp)
+    ranks = schedules.stage_ranks(schedule, pp)
     for s in range(len(bounds) - 1):
         if ranks[s] == ranks[s + 1]:
             continue  # the V turn (stages pp-1 and pp) stays on one rank: no transfer
@@ -411,14 +332,15 @@ def _in_flight_chunks(schedule: str, pp: int, m: int, rank: int) -> int:
     """Peak (stage, micro-batch) activation sets a rank holds, read off torch 2.13's schedule tables."""
     hops = pp - 1 - rank  # earlier ranks warm up with more forwards before their first backward
     per_round = m // max(1, m // pp)  # torch's microbatches_per_round
+    v = schedules.get(schedule).stages_per_rank
     rules = {
         "gpipe": m,
         "1f1b": min(m, pp - rank),
-        "loopedbfs": _V * m,
-        "interleaved1f1b": min(_V * m, per_round + 2 * hops + 1),
-        "interleavedzb": min(_V * m, per_round + hops + 1),
-        "zbv": min(_V * m, 2 * pp, m + 1 + rank),
-        "dualpipev": min(_V * m, 2 * pp + 1),
+        "loopedbfs": v * m,
+        "interleaved1f1b": min(v * m, per_round + 2 * hops + 1),
+        "interleavedzb": min(v * m, per_round + hops + 1),
+        "zbv": min(v * m, 2 * pp, m + 1 + rank),
+        "dualpipev": min(v * m, 2 * pp + 1),
     }
     return rules[schedule]
 
@@ -429,8 +351,8 @@ def _stage_memory(
 ) -> list[int]:
     """Peak bytes per stage. With activation checkpointing a stage keeps only its blocks' outputs per
     micro-batch in flight, plus one block's full activations while that block is recomputed."""
-    ranks = _stage_ranks(schedule, pp)
-    per_rank = _stages_per_rank(schedule)
+    ranks = schedules.stage_ranks(schedule, pp)
+    per_rank = schedules.get(schedule).stages_per_rank
     memory = []
     for stage, (a, e) in enumerate(bounds):
         blocks = profile.blocks[a:e]
@@ -470,7 +392,7 @@ def plan(
     arguments, and choose the fitting one with the lowest predicted step time (ties: smaller pp, then
     1f1b before gpipe, then fewer micro-batches, i.e. larger and more efficient ones).
     Returns (chosen, all candidates sorted: fitting first, best first)."""
-    _require_positive(world_size=world_size, global_batch=global_batch, device_memory_bytes=device_memory_bytes)
+    require_positive(world_size=world_size, global_batch=global_batch, device_memory_bytes=device_memory_bytes)
     layouts, errors = _enumerate(profile, world_size, global_batch, device_memory_bytes, pp, schedule,
                                  num_microbatches, stage_cuts)
     if not layouts:
@@ -488,8 +410,8 @@ def plan(
 def _enumerate(
     profile: ModelProfile, world_size: int, global_batch: int, device_memory_bytes: int,
     pp: int | str, schedule: str, num_microbatches: int | None, stage_cuts: Sequence[int] | None,
-) -> tuple[list[Layout], list[PlanError]]:
-    """All valid candidates, and the PlanErrors of the combinations torch or the batch would reject."""
+) -> tuple[list[Layout], list[LayoutError]]:
+    """All valid candidates, and the LayoutErrors of the combinations torch or the batch would reject."""
     num_blocks = len(profile.blocks)
     pps = [d for d in _divisors(world_size) if d <= num_blocks] if pp == "auto" else [pp]
     layouts, errors = [], []
@@ -497,7 +419,7 @@ def _enumerate(
         for s in _schedules_for(schedule, p):
             try:
                 _check_mesh(num_blocks, world_size, p, s)
-            except PlanError as error:
+            except LayoutError as error:
                 errors.append(error)
                 continue
             dp = world_size // p
@@ -508,7 +430,7 @@ def _enumerate(
                         profile, world_size=world_size, pp=p, schedule=s, global_batch=global_batch,
                         device_memory_bytes=device_memory_bytes, num_microbatches=m, stage_cuts=stage_cuts,
                     ))
-                except PlanError as error:
+                except LayoutError as error:
                     errors.append(error)
     return layouts, errors
 
@@ -517,12 +439,12 @@ def _schedules_for(schedule: str, pp: int) -> tuple[str, ...]:
     if schedule != "auto":
         return (schedule,)
     # Without a pipeline every schedule is plain gradient accumulation: list it once.
-    return ("1f1b",) if pp == 1 else SCHEDULES
+    return ("1f1b",) if pp == 1 else schedules.NAMES
 
 
 def _rank_key(layout: Layout) -> tuple:
     # Rounded to the nanosecond so float noise does not beat the tie-break.
-    return (round(layout.predicted_step_s, 9), layout.pp, _PREFERENCE.index(layout.schedule),
+    return (round(layout.predicted_step_s, 9), layout.pp, schedules.PREFERENCE.index(layout.schedule),
             layout.num_microbatches)
 
 
@@ -543,7 +465,7 @@ def _annotate(layout: Layout, best: Layout, n_fit: int, n_all: int, device_memor
 def _no_fit_error(
     profile: ModelProfile, layouts: list[Layout], world_size: int, global_batch: int, device_memory_bytes: int,
     schedule: str, num_microbatches: int | None,
-) -> PlanError:
+) -> LayoutError:
     leanest = min(layouts, key=_max_rank_memory)
     lines = [
         f"no layout fits in {_mib(device_memory_bytes)} MiB per device with world_size={world_size} and "
@@ -553,7 +475,7 @@ def _no_fit_error(
         _micro_batch_hint(profile, layouts, world_size, global_batch, device_memory_bytes, schedule, num_microbatches),
         _checkpointing_hint(profile, leanest, device_memory_bytes),
     ]
-    return PlanError("\n  - ".join(lines))
+    return LayoutError("\n  - ".join(lines))
 
 
 def _more_workers_hint(

@@ -17,7 +17,8 @@ from raydl.errors import LayoutError
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.parallel.mesh import build_mesh, resolve_layout
-from raydl.parallel.pipeline import SCHEDULE_CLASSES, PipelineEngine
+from raydl.parallel.pipeline import PipelineEngine
+from raydl.parallel.schedules import NAMES
 from tests.conftest import run_gloo
 
 VOCAB, SEQ, M, ROWS_PER_REPLICA = 32, 8, 4, 8
@@ -124,13 +125,13 @@ def _check_ddp_refused(rank: int, world_size: int, schedule: str, mesh) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_pp2_every_schedule_matches_single_process(tmp_path):
-    assert_every_schedule_matches(2, {s: "fsdp" for s in SCHEDULE_CLASSES}, tmp_path)
+    assert_every_schedule_matches(2, {s: "fsdp" for s in NAMES}, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dp2_pp2_every_replica_gets_full_batch_gradients(tmp_path):
-    assert_every_schedule_matches(4, {s: "fsdp" for s in SCHEDULE_CLASSES}, tmp_path)
+    assert_every_schedule_matches(4, {s: "fsdp" for s in NAMES}, tmp_path)
 
 
 @pytest.mark.slow

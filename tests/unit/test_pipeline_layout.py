@@ -9,7 +9,8 @@ from raydl.errors import LayoutError
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout
-from raydl.parallel.pipeline import split_stages, stage_cuts, stage_indices, validate
+from raydl.parallel.pipeline import split_stages, stage_cuts, validate
+from raydl.parallel.schedules import stage_indices, stage_ranks
 
 
 def _layout(schedule="1f1b", pp=2, m=4, cuts=(), dp=1) -> Layout:
@@ -24,6 +25,8 @@ def _layout(schedule="1f1b", pp=2, m=4, cuts=(), dp=1) -> Layout:
 ])
 def test_stage_placement_matches_torch(schedule, expected):
     assert [stage_indices(schedule, 2, r) for r in range(2)] == expected
+    ranks = stage_ranks(schedule, 2)
+    assert [tuple(s for s, rank in enumerate(ranks) if rank == r) for r in range(2)] == [tuple(sorted(e)) for e in expected]
 
 
 def test_default_cuts_balance_blocks_and_manual_cuts_win():

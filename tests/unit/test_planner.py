@@ -10,18 +10,17 @@ import random
 
 import pytest
 
+from raydl.errors import LayoutError
 from raydl.parallel.planner import (
-    SCHEDULES,
     BlockProfile,
     ModelProfile,
-    PlanError,
     balanced_cuts,
-    bubble_fraction,
     evaluate,
     format_table,
     plan,
     validate_layout,
 )
+from raydl.parallel.schedules import NAMES, bubble_fraction
 
 MiB = 2**20
 
@@ -65,7 +64,7 @@ def test_balanced_cuts_match_brute_force():
 
 
 def test_balanced_cuts_rejects_more_stages_than_blocks():
-    with pytest.raises(PlanError, match="3 blocks into 4"):
+    with pytest.raises(LayoutError, match="3 blocks into 4"):
         balanced_cuts([1, 2, 3], 4)
 
 
@@ -88,8 +87,8 @@ def test_bubble_other_schedules_and_ordering():
     assert bubble_fraction("interleaved1f1b", 2, 1) == bubble_fraction("zbv", 2, 1) == pytest.approx(1 / 2)
     order = [bubble_fraction(s, 4, 8) for s in ("1f1b", "interleaved1f1b", "interleavedzb", "zbv")]
     assert order == sorted(order, reverse=True) and order[-1] > 0
-    assert all(bubble_fraction(s, 1, 3) == 0 for s in SCHEDULES)
-    with pytest.raises(PlanError, match="'nope'"):
+    assert all(bubble_fraction(s, 1, 3) == 0 for s in NAMES)
+    with pytest.raises(LayoutError, match="'nope'"):
         bubble_fraction("nope", 2, 4)
 
 
@@ -153,7 +152,7 @@ def test_profile_too_big_for_one_device_gets_pipelined():
 
 def test_nothing_fits_says_how_many_workers_would():
     profile = _uniform(8, params=100 * MiB, act=8 * MiB)
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(LayoutError) as info:
         plan(profile, world_size=2, global_batch=64, device_memory_bytes=1024 * MiB)
     message = str(info.value)
     assert "1,024.0 MiB" in message and "world_size=2" in message
@@ -163,13 +162,13 @@ def test_nothing_fits_says_how_many_workers_would():
 
 def test_single_block_too_big_for_any_worker_count():
     profile = ModelProfile((_block("embed", params=512 * MiB), _block("head")), micro_batch=4)
-    with pytest.raises(PlanError, match="no number helps"):
+    with pytest.raises(LayoutError, match="no number helps"):
         plan(profile, world_size=2, global_batch=8, device_memory_bytes=1024 * MiB)
 
 
 def test_fixed_micro_batch_count_suggests_a_smaller_micro_batch():
     profile = _uniform(2, params=MiB, act=64 * MiB)
-    with pytest.raises(PlanError, match=r"smaller micro-batch: micro_batch=4 fits \(dp=1 pp=1 1f1b m=2"):
+    with pytest.raises(LayoutError, match=r"smaller micro-batch: micro_batch=4 fits \(dp=1 pp=1 1f1b m=2"):
         plan(profile, world_size=1, global_batch=8, device_memory_bytes=200 * MiB, num_microbatches=1)
 
 
@@ -212,11 +211,11 @@ def test_explicit_arguments_restrict_and_are_validated():
     assert {(c.pp, c.schedule) for c in candidates} == {(2, "interleavedzb")}
     chosen, candidates = plan(profile, pp=2, schedule="gpipe", num_microbatches=4, **kw)
     assert len(candidates) == 1 and (chosen.micro_batch, chosen.dp) == (4, 2)
-    with pytest.raises(PlanError, match="world_size=4 is not divisible by pp=3"):
+    with pytest.raises(LayoutError, match="world_size=4 is not divisible by pp=3"):
         plan(profile, pp=3, **kw)
-    with pytest.raises(PlanError, match="'pipedream'"):
+    with pytest.raises(LayoutError, match="'pipedream'"):
         plan(profile, schedule="pipedream", **kw)
-    with pytest.raises(PlanError, match="num_microbatches=1 < pp=2"):
+    with pytest.raises(LayoutError, match="num_microbatches=1 < pp=2"):
         plan(profile, pp=2, schedule="1f1b", num_microbatches=1, world_size=2, global_batch=4,
              device_memory_bytes=2**40)
 
@@ -250,7 +249,7 @@ _GOOD = dict(num_blocks=8, world_size=4, pp=2, schedule="1f1b", num_microbatches
 
 
 def test_validate_accepts_a_good_layout():
-    assert validate_layout(**_GOOD) is None   # raises PlanError otherwise
+    assert validate_layout(**_GOOD) is None   # raises LayoutError otherwise
     assert validate_layout(**{**_GOOD, "schedule": "zbv", "stage_cuts": (2, 4, 6)}) is None
 
 
@@ -281,7 +280,7 @@ def test_validate_accepts_a_good_layout():
     ],
 )
 def test_validate_rejects_with_numbers(change, expected):
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(LayoutError) as info:
         validate_layout(**{**_GOOD, **change})
     for fragment in expected:
         assert fragment in str(info.value)
