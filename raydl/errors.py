@@ -32,3 +32,33 @@ class CheckpointError(RaydlError, ValueError):
 
 class LayoutError(RaydlError, ValueError):
     """A parallel layout that cannot run on this world size or model."""
+
+
+class TrainingDiverged(RaydlError, FloatingPointError):
+    """The loss became non-finite. Not bad input, and a restart would only diverge again: exit 1, no retry."""
+
+    exit_code = 1
+
+    def __init__(self, *, step: int, loss: float, lr: float, last_finite: tuple[int, float] | None,
+                 checkpoint_step: int, run_dir: str, grad_clip: float, precision: str):
+        self.fields = dict(step=step, loss=loss, lr=lr, last_finite=last_finite, checkpoint_step=checkpoint_step,
+                           run_dir=run_dir, grad_clip=grad_clip, precision=precision)
+        before = (f"the last finite loss was {last_finite[1]:.4f} at step {last_finite[0]}" if last_finite
+                  else "no step of this worker group had a finite loss")
+        kept = (f"The checkpoint at step {checkpoint_step} is kept: resume from it with "
+                f"`raydl train --resume {run_dir}` after changing the config" if checkpoint_step
+                else "No checkpoint was saved before it")
+        tries = [f"lower train.lr (now {lr:.3g} at this step)", "raise train.warmup_steps",
+                 f"clip gradients harder with train.grad_clip (now {grad_clip:g})" if grad_clip
+                 else "clip gradients with train.grad_clip=1.0"]
+        if precision == "fp16":
+            tries.append("use train.precision=bf16 instead of fp16 (fp16 overflows)")
+        super().__init__(f"training diverged at step {step}: the loss is {loss} ({before}). {kept}. "
+                         f"Fix: {'; or '.join(tries)}.")
+
+    def __reduce__(self):   # errors raised in Ray workers travel pickled to the driver
+        return (_rebuild_diverged, (self.fields,))
+
+
+def _rebuild_diverged(fields: dict) -> TrainingDiverged:
+    return TrainingDiverged(**fields)

@@ -12,6 +12,7 @@ from ray.train import Checkpoint
 from ray.train.v2.api.callback import UserCallback
 
 from raydl.driver.metrics_writer import MetricsWriter
+from raydl.telemetry.records import WorkerReport
 
 
 class MetricsCallback(UserCallback):
@@ -23,14 +24,12 @@ class MetricsCallback(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         if self.writer is None:
             self.writer = MetricsWriter(self.run_dir, progress=self.progress)
-        rank0 = dict(metrics[0])
-        if rank0.get("preempted"):   # the checkpoint at a drain notice: the group's end, whatever errors follow
-            self.pending_cause = f"preemption notice (checkpoint at step {rank0['step']})"
+        report = WorkerReport.from_dict(metrics[0])
+        if report.preempted:   # the checkpoint at a drain notice: the group's end, whatever errors follow
+            self.pending_cause = f"preemption notice (checkpoint at step {report.step})"
         elif self.pending_cause:
-            rank0["restart_cause"], self.pending_cause = self.pending_cause, None
-        self.writer.write(rank0, world_size=len(metrics), checkpoint=checkpoint.path if checkpoint else None)
-        if rank0.get("final"):
-            self.writer.write_summary(rank0["final_info"])
+            report.restart_cause, self.pending_cause = self.pending_cause, None
+        self.writer.write(report, world_size=len(metrics), checkpoint=checkpoint.path if checkpoint else None)
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
         if self.pending_cause and self.pending_cause.startswith("preemption"):

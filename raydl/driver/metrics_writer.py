@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
+
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, progress: bool = True):
@@ -20,89 +22,92 @@ class MetricsWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.progress = progress
-        self.records: list[dict[str, Any]] = []
+        self.records: list[StepRecord] = []
         self.world_sizes: list[int] = []
         self.layouts: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
         self.last_checkpoint: str | None = None
-        self.tb = None
 
-    def write(self, report: dict[str, Any], *, world_size: int, checkpoint: str | None = None) -> None:
-        records = report.get("records", [])
-        if records and self.records and report.get("group_start"):
-            before = self.records[-1]["world_size"]
-            cause = report.get("restart_cause") or (f"resize {before} -> {world_size} workers" if before != world_size
-                                                    else "restart (no worker error reported)")
+    def write(self, report: WorkerReport, *, world_size: int, checkpoint: str | None = None) -> None:
+        records = report.records
+        if records and self.records and report.group_start:
+            before = self.records[-1].world_size
+            cause = report.restart_cause or (f"resize {before} -> {world_size} workers" if before != world_size
+                                             else "restart (no worker error reported)")
             self.restarts.append(self._restart(cause, records[0]))
         if world_size not in self.world_sizes:
             self.world_sizes.append(world_size)
-        self._note_layout(report.get("layout"), records)
+        self._note_layout(report.layout, records)
         with self.path.open("a") as f:
             for r in records:
-                f.write(json.dumps(r) + "\n")
+                f.write(json.dumps(r.to_dict()) + "\n")
         self.records.extend(records)
         if checkpoint:
             self.last_checkpoint = checkpoint
         if records and self.progress:
-            self._print_progress(records[-1], report.get("total_steps"))
+            self._print_progress(records[-1], report.total_steps)
+        if report.final:
+            self.write_summary(report.final)
 
-    def _restart(self, cause: str, first: dict[str, Any]) -> dict[str, Any]:
+    def _restart(self, cause: str, first: StepRecord) -> dict[str, Any]:
         """A new worker group's first step: how many steps it redoes and the wall time the restart cost.
 
         seconds_lost = gap between the last step before and the first step after, plus the
         time to redo the steps that had been done but not checkpointed (at the median step time).
         """
         last = self.records[-1]
-        redone = max(0, last["step"] - first["step"] + 1)
-        step_s = statistics.median(r["step_s"] for r in self.records[-20:])
-        gap = first["time"] - first["step_s"] - last["time"]
-        return {"cause": cause, "step": last["step"], "resumed_at_step": first["step"] - 1,
+        redone = max(0, last.step - first.step + 1)
+        step_s = statistics.median(r.step_s for r in self.records[-20:])
+        gap = first.time - first.step_s - last.time
+        return {"cause": cause, "step": last.step, "resumed_at_step": first.step - 1,
                 "steps_redone": redone, "seconds_lost": round(gap + redone * step_s, 2)}
 
-    def _note_layout(self, layout: dict[str, Any] | None, records: list[dict[str, Any]]) -> None:
+    def _note_layout(self, layout: dict[str, Any], records: list[StepRecord]) -> None:
         if not layout or not records:
             return
         current = {k: layout[k] for k in ("world_size", "dp", "pp", "num_microbatches", "micro_batch", "schedule")}
         if not self.layouts or {k: self.layouts[-1][k] for k in current} != current:
-            self.layouts.append({**current, "from_step": records[0]["step"], "to_step": records[-1]["step"]})
-        self.layouts[-1]["to_step"] = records[-1]["step"]
+            self.layouts.append({**current, "from_step": records[0].step, "to_step": records[-1].step})
+        self.layouts[-1]["to_step"] = records[-1].step
 
-    def _print_progress(self, r: dict[str, Any], total: int | None) -> None:
+    def _print_progress(self, r: StepRecord, total: int) -> None:
         eta = ""
-        if total and r.get("step_s"):
-            eta = f" eta {max(0, total - r['step']) * statistics.median(x['step_s'] for x in self.records[-20:]):.0f}s"
-        print(f"[raydl] step {r['step']}/{total} loss {r['loss']:.4f} lr {r['lr']:.2e} "
-              f"{r['samples_per_s']:.0f} samples/s data-wait {100 * r['data_wait_frac']:.1f}% "
-              f"ws {r['world_size']}{eta}", file=sys.stderr, flush=True)
+        if total and r.step_s:
+            eta = f" eta {max(0, total - r.step) * statistics.median(x.step_s for x in self.records[-20:]):.0f}s"
+        print(f"[raydl] step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
+              f"{r.samples_per_s:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
+              f"ws {r.world_size}{eta}", file=sys.stderr, flush=True)
 
-    def summary(self, final: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, final: FinalInfo) -> dict[str, Any]:
         recs = self.records
-        steady = [r["samples_per_s"] for r in recs[len(recs) // 5:]] or [r["samples_per_s"] for r in recs]
-        wait = [r["data_wait_frac"] for r in recs[len(recs) // 5:]] or [0.0]
+        steady = recs[len(recs) // 5:] or recs
         return {
-            "steps": recs[-1]["step"] if recs else 0,
-            "samples": final.get("samples", 0),
-            "first_loss": recs[0]["loss"] if recs else None,
-            "final_loss": recs[-1]["loss"] if recs else None,
-            "eval": final.get("eval", {}),
-            "samples_per_s": statistics.median(steady) if steady else 0.0,
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs[len(recs) // 5:]) if recs else 0.0,
-            "data_wait_frac": statistics.median(wait),
-            **self._median_of_steady(("model_tflops_per_s", "mfu")),
-            "peak_memory_mb": max((r["peak_memory_mb"] for r in recs), default=0.0),
+            "steps": recs[-1].step if recs else 0,
+            "samples": final.samples,
+            "first_loss": recs[0].loss if recs else None,
+            "final_loss": recs[-1].loss if recs else None,
+            "eval": final.eval,
+            "samples_per_s": statistics.median(r.samples_per_s for r in steady) if steady else 0.0,
+            "tokens_per_s": statistics.median(r.tokens_per_s for r in steady) if steady else 0.0,
+            "data_wait_frac": statistics.median(r.data_wait_frac for r in steady) if steady else 0.0,
+            **_median_if_known(steady, "model_tflops_per_s"),
+            **_median_if_known(steady, "mfu"),
+            "peak_memory_mb": max((r.peak_memory_mb for r in recs), default=0.0),
             "world_sizes": self.world_sizes,
             "layouts": self.layouts,
             "restarts": self.restarts,
-            "precision": final.get("precision"),
-            "wall_s": final.get("wall_s"),
+            "precision": final.precision,
+            "wall_s": final.wall_s,
             "checkpoint": self.last_checkpoint,
         }
 
-    def _median_of_steady(self, keys: tuple[str, ...]) -> dict[str, float]:
-        steady = self.records[len(self.records) // 5:]
-        return {k: statistics.median(r[k] for r in steady) for k in keys if steady and k in steady[-1]}
-
-    def write_summary(self, final: dict[str, Any]) -> dict[str, Any]:
+    def write_summary(self, final: FinalInfo) -> dict[str, Any]:
         summary = self.summary(final)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def _median_if_known(records: list[StepRecord], key: str) -> dict[str, float]:
+    """{key: median} when the steady steps measured it (model FLOPs and device peak known), else {}."""
+    values = [getattr(r, key) for r in records if getattr(r, key) is not None]
+    return {key: statistics.median(values)} if records and len(values) == len(records) else {}

@@ -18,7 +18,7 @@ from raydl.errors import ConfigError
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.overrides import dump_yaml
-from raydl.parallel.mesh import resolve_layout
+from raydl.parallel.mesh import Layout
 from raydl.train import checkpoint as ckpt
 
 
@@ -56,11 +56,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None) -> PreparedRun:
 
 def check_layout(cfg: JobConfig, *, num_blocks: int) -> None:
     """Fail on the driver (exit 2) for a layout no worker group could run, at every allowed size."""
-    if cfg.parallel.pp_degree == "auto":
-        return
-    from raydl.parallel.pipeline import validate
-
+    if Layout.needs_profile(cfg):
+        return   # planned on the workers, from a profile measured on their devices
     for world_size in sorted({cfg.scaling.min_workers, cfg.scaling.max_workers}):
-        layout = resolve_layout(cfg, world_size=world_size, num_blocks=num_blocks)
-        if layout.pp > 1:
-            validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=cfg.parallel.dp_wrapper)
+        Layout.from_config(cfg, world_size, num_blocks=num_blocks)

@@ -13,7 +13,6 @@ from typing import Any
 
 from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run
-from raydl.errors import RaydlError
 
 
 def ray_env(cfg: JobConfig) -> dict[str, str]:
@@ -29,22 +28,6 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         env["ONEDNN_MAX_CPU_ISA"] = os.environ["ONEDNN_MAX_CPU_ISA"]
     env.update({k: v for k, v in os.environ.items() if k.startswith("RAYDL_")})   # raydl's own hooks
     return env
-
-
-def user_error_from(error: BaseException) -> RaydlError | None:
-    """The RaydlError a worker raised, out of Ray's wrappers (WorkerGroupError, RayTaskError, causes)."""
-    seen, todo = set(), [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, RaydlError):
-            return e
-        todo.extend([e.__cause__, e.__context__, *getattr(e, "worker_failures", {}).values()])
-        if hasattr(e, "as_instanceof_cause"):
-            todo.append(getattr(e, "cause", None))
-    return None
 
 
 def connect(address: str | None, env: dict[str, str]) -> None:
@@ -86,9 +69,9 @@ def use_gpu(cfg: JobConfig) -> bool:
 
 def build_trainer(run: PreparedRun, *, callbacks=()):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     from raydl.driver.callbacks import MetricsCallback
+    from raydl.driver.failure_policy import RaydlTrainer
     from raydl.train.loop import train_worker
 
     s, cfg = run.cfg.scaling, run.cfg
@@ -96,7 +79,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     resources = {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if gpu else {})}
     elastic = s.min_workers < s.max_workers
     storage = cfg.checkpoint.storage_path or str(run.run_dir)
-    return TorchTrainer(
+    return RaydlTrainer(
         train_worker,
         train_loop_config=run.job,
         scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if elastic else s.max_workers,
@@ -122,10 +105,12 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     print(f"[raydl] run directory: {run.run_dir}", flush=True)
     connect(address, ray_env(cfg))
     warn_if_reads_cannot_run(cfg)
+    from raydl.driver.failure_policy import raydl_error_in
+
     try:
         result = build_trainer(run).fit()
     except Exception as e:
-        user_error = user_error_from(e)
+        user_error = raydl_error_in(e)
         if user_error is None:
             raise
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Any
 
 import torch
+
+from raydl.telemetry.records import StepRecord
 
 
 # Dense bf16 tensor-core peak per GPU (NVIDIA datasheets; the values torchtitan and nanoGPT use).
@@ -32,33 +33,32 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class StepClock:
-    """Collects this worker's per-step records between two reports."""
+    """Times this worker's steps and collects their records between two reports."""
 
-    def __init__(self, first_step: int = 1, peak_flops_total: float = 0.0):
-        self.pending: list[dict[str, Any]] = []
+    def __init__(self, *, first_step: int = 1, peak_flops_total: float = 0.0, units_per_sample: int = 1,
+                 flops_per_sample: float = 0.0):
+        self.pending: list[StepRecord] = []
         self.peak_flops_total = peak_flops_total   # over all workers: MFU = model FLOP/s / this
+        self.units_per_sample, self.flops_per_sample = units_per_sample, flops_per_sample
         self.first_step = first_step          # the first step this worker group will run
         self.t_last = time.perf_counter()
 
-    def record(self, **fields: Any) -> None:
+    def record(self, *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, samples: int,
+               world_size: int, data_wait_s: float, bad_shards: int, device: torch.device,
+               gpu: dict[str, float]) -> StepRecord:
         now = time.perf_counter()
-        step_s = now - self.t_last
-        self.t_last = now
-        fields["step_s"] = step_s
-        fields["data_wait_frac"] = fields["data_wait_s"] / step_s if step_s else 0.0
-        fields["samples_per_s"] = fields["samples"] / step_s
-        fields["tokens_per_s"] = fields["samples"] * fields.pop("units_per_sample") / step_s
-        flops_per_s = fields["samples"] * fields.pop("flops_per_sample") / step_s
-        if flops_per_s:
-            fields["model_tflops_per_s"] = flops_per_s / 1e12   # all workers together
-            if self.peak_flops_total:
-                fields["mfu"] = flops_per_s / self.peak_flops_total
-        self.pending.append(fields)
+        step_s, self.t_last = now - self.t_last, now
+        flops_per_s = samples * self.flops_per_sample / step_s
+        record = StepRecord(
+            step=step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm, samples=samples, world_size=world_size,
+            time=time.time(), step_s=step_s, data_wait_s=data_wait_s, data_wait_frac=data_wait_s / step_s,
+            samples_per_s=samples / step_s, tokens_per_s=samples * self.units_per_sample / step_s,
+            bad_shards=bad_shards, peak_memory_mb=peak_memory_mb(device), gpu=gpu,
+            model_tflops_per_s=flops_per_s / 1e12 if flops_per_s else None,
+            mfu=flops_per_s / self.peak_flops_total if flops_per_s and self.peak_flops_total else None)
+        self.pending.append(record)
+        return record
 
-    def annotate(self, **fields: Any) -> None:
-        """Add fields to the latest step's record (e.g. an eval run after it)."""
-        self.pending[-1].update(fields)
-
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[StepRecord]:
         out, self.pending = self.pending, []
         return out

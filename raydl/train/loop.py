@@ -10,6 +10,7 @@ checkpoint into that layout, and continue the data sequence where the checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -19,15 +20,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raydl.overrides import build_config
+from raydl.config import JobConfig
 from raydl.data.dataset import check_task, open_dataset
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
+from raydl.errors import TrainingDiverged
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
+from raydl.overrides import build_config
 from raydl.parallel.engine import build_engine
-from raydl.telemetry.step_clock import StepClock, peak_flops, peak_memory_mb
 from raydl.telemetry.nvml import GpuMonitor
+from raydl.telemetry.records import FinalInfo, WorkerReport
+from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
@@ -70,15 +74,38 @@ def mean_over_loss_ranks(values: list[float], has_loss: bool, device: torch.devi
     return (t[:-1] / t[-1]).tolist()
 
 
-def train_worker(job: dict[str, Any]) -> dict[str, Any]:
-    t_start = time.time()
+@dataclass
+class Worker:
+    """What one worker-group start builds: the model laid out, its optimizer, data and clocks."""
+
+    job: dict[str, Any]
+    cfg: JobConfig
+    session: Any
+    spec: Any
+    info: Any
+    engine: Any
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    loader: StepLoader
+    clock: StepClock
+    gpu: GpuMonitor
+    fingerprint: dict[str, Any]
+    total_steps: int
+    last_checkpoint_step: int = 0
+    last_finite_loss: tuple[int, float] | None = None
+
+    @property
+    def dp_rank(self) -> int:
+        return self.engine.layout.coords(self.session.rank)[0]
+
+
+def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep)
+    session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep, cfg.telemetry.progress)
     spec = get_spec(cfg.model)
     info = open_dataset(job["data_path"])
     check_task(info, spec.task, spec.name)
-
     torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
     model = spec.build(cfg.model, info.meta)
     fingerprint = {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
@@ -88,80 +115,94 @@ def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, session.device)
     state = restore(session, job, engine, optimizer, scaler, fingerprint)
-
     dp_rank = layout.coords(session.rank)[0]
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
                         seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
                         prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
                         backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus)
-    total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
+    clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size,
+                      units_per_sample=spec.units_per_sample(info.meta),
+                      flops_per_sample=spec.flops_per_sample(cfg.model, info.meta))
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
-    clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size)
-    units, flops = spec.units_per_sample(info.meta), spec.flops_per_sample(cfg.model, info.meta)
+    total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     if session.rank == 0:
         print(f"[raydl] world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
               f"{fingerprint['params'] / 1e6:.2f}M params", flush=True)
+    return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
+                  total_steps, last_checkpoint_step=state.step), state
 
-    def save(path: str) -> None:
-        ckpt.save(path, engine.model, optimizer, {**state.to_dict(), "model": fingerprint, "layout": layout.to_dict(),
-                                                  "scaler": scaler.state_dict() if scaler else None,
-                                                  "lr": lr_at(state.step, cfg.train, total_steps),
-                                                  "saved_by_ranks": session.world_size}, rank=session.rank)
 
-    def evaluate() -> dict[str, float]:
-        return engine.evaluate(eval_batches(info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=layout.dp,
-                                            max_batches=cfg.train.eval_batches, max_bad_shards=cfg.data.max_bad_shards),
-                               precision=cfg.train.precision)
+def train_worker(job: dict[str, Any]) -> dict[str, Any]:
+    t_start = time.time()
+    w, state = start_worker(job)
+    state = fit(w, state)
+    final = FinalInfo(samples=state.samples, steps=state.step, eval=evaluate(w), precision=w.cfg.train.precision,
+                      wall_s=time.time() - t_start)
+    w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
+                                  step=state.step, final=final))
+    w.session.close()
+    return dataclasses.asdict(final)
 
-    batches, saved_on_notice = iter(loader), False
-    while state.step < total_steps:
+
+def fit(w: Worker, state: TrainerState) -> TrainerState:
+    """The training loop: one optimizer step per global batch, reports and checkpoints at their intervals."""
+    cfg, layout = w.cfg, w.engine.layout
+    batches, saved_on_notice = iter(w.loader), False
+    while state.step < w.total_steps:
         batch = next(batches)
-        seed_step(cfg.train.seed, state.step, session.rank)
-        lr = lr_at(state.step, cfg.train, total_steps)
-        set_lr(optimizer, lr)
-        stats = engine.forward_backward(batch.tensors, scaler=scaler)
-        grad_norm = optimizer_step(optimizer, scaler, clip=engine.clip(cfg.train.grad_clip))
+        seed_step(cfg.train.seed, state.step, w.session.rank)
+        lr = lr_at(state.step, cfg.train, w.total_steps)
+        set_lr(w.optimizer, lr)
+        stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
+        grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
-        clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr, grad_norm=grad_norm,
-                     data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, samples=layout.global_batch,
-                     units_per_sample=units, flops_per_sample=flops,
-                     world_size=session.world_size, peak_memory_mb=peak_memory_mb(session.device),
-                     time=time.time(), **gpu.read())
-        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < total_steps:
-            t_eval = time.perf_counter()   # eval_s lets readers take eval time out of the next step's step_s
-            clock.annotate(eval_loss=evaluate()["loss"], eval_s=time.perf_counter() - t_eval)
-        checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == total_steps
+        record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr,
+                                grad_norm=grad_norm, samples=layout.global_batch, world_size=w.session.world_size,
+                                data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,
+                                gpu=w.gpu.read())
+        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
+            t_eval = time.perf_counter()
+            record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
+        checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
             # Checked only at reports: it is a barrier, and a drain deadline is seconds away, not steps.
-            if not saved_on_notice and session.preemption_notice():
+            if not saved_on_notice and w.session.preemption_notice():
                 checkpoint_due = saved_on_notice = True   # save now; Ray restarts the group smaller later
-            report(session, clock, stats.has_loss, layout, total_steps, checkpoint=save if checkpoint_due else None,
-                   step=state.step, preempted=saved_on_notice)
+            report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, preempted=saved_on_notice)
             if saved_on_notice:
-                session.wait_for_restart()
-
-    result = evaluate()
-    final = {"samples": state.samples, "eval": result, "precision": cfg.train.precision,
-             "wall_s": time.time() - t_start, "steps": state.step}
-    session.report({"records": [], "final": True, "final_info": final})
-    session.close()
-    return final
+                w.session.wait_for_restart()
+    return state
 
 
-def report(session, clock: StepClock, has_loss: bool, layout, total_steps: int, *, checkpoint, step: int,
-           preempted: bool = False) -> None:
+def evaluate(w: Worker) -> dict[str, float]:
+    layout, data = w.engine.layout, w.cfg.data
+    batches = eval_batches(w.info, batch=layout.micro_batch, dp_rank=w.dp_rank, dp_size=layout.dp,
+                           max_batches=w.cfg.train.eval_batches, max_bad_shards=data.max_bad_shards)
+    return w.engine.evaluate(batches, precision=w.cfg.train.precision)
+
+
+def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
+    extra = {"model": w.fingerprint, "layout": w.engine.layout.to_dict(),
+             "scaler": w.scaler.state_dict() if w.scaler else None,
+             "lr": lr_at(state.step, w.cfg.train, w.total_steps), "saved_by_ranks": w.session.world_size}
+    ckpt.save(path, w.engine.model, w.optimizer, {**state.to_dict(), **extra}, rank=w.session.rank)
+    w.last_checkpoint_step = state.step
+
+
+def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bool, preempted: bool) -> None:
     """Report the steps since the last report (a barrier on every rank); with a checkpoint if due."""
-    records = clock.drain()
-    for r, loss in zip(records, mean_over_loss_ranks([r["loss"] for r in records], has_loss, session.device)):
-        r["loss"] = loss
+    records = w.clock.drain()
+    for r, loss in zip(records, mean_over_loss_ranks([r.loss for r in records], has_loss, w.session.device)):
+        r.loss = loss
         if not math.isfinite(loss):   # every rank sees the same mean, so all ranks stop here together
-            raise FloatingPointError(f"training diverged: loss is {loss} at step {r['step']} (lr {r['lr']:.3g}). "
-                                     "Fix: lower train.lr, raise train.warmup_steps, or use bf16 instead of fp16")
-    metrics = {"records": records if session.rank == 0 else [], "layout": layout.to_dict(),
-               "total_steps": total_steps, "step": step, "group_start": records[0]["step"] == clock.first_step,
-               "preempted": preempted}
-    if checkpoint:
-        session.save_and_report(step, metrics, checkpoint)
+            raise TrainingDiverged(step=r.step, loss=loss, lr=r.lr, last_finite=w.last_finite_loss,
+                                   checkpoint_step=w.last_checkpoint_step, run_dir=w.job["run_dir"],
+                                   grad_clip=w.cfg.train.grad_clip, precision=w.cfg.train.precision)
+        w.last_finite_loss = (r.step, loss)
+    message = WorkerReport(records=records if w.session.rank == 0 else [], layout=w.engine.layout.to_dict(),
+                           total_steps=w.total_steps, step=state.step,
+                           group_start=records[0].step == w.clock.first_step, preempted=preempted)
+    if checkpoint_due:
+        w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
     else:
-        session.report(metrics)
-
+        w.session.report(message)

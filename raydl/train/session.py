@@ -16,12 +16,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from raydl.driver.metrics_writer import MetricsWriter
+from raydl.telemetry.records import WorkerReport
 from raydl.train import checkpoint as ckpt
 
 
@@ -74,13 +75,13 @@ class RaySession:
         while True:
             time.sleep(1.0)
 
-    def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
+    def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         from ray.train import Checkpoint
 
         d = tempfile.mkdtemp(prefix="raydl-ckpt-")
         try:
             save_fn(d)
-            self._train.report(metrics, checkpoint=Checkpoint.from_directory(d),
+            self._train.report(report.to_dict(), checkpoint=Checkpoint.from_directory(d),
                                checkpoint_dir_name=self._unused_name(step))
         finally:
             shutil.rmtree(d, ignore_errors=True)
@@ -96,15 +97,15 @@ class RaySession:
             n += 1
         return candidate
 
-    def report(self, metrics: dict[str, Any]) -> None:
-        self._train.report(metrics)
+    def report(self, report: WorkerReport) -> None:
+        self._train.report(report.to_dict())
 
     def close(self) -> None:
         pass
 
 
 class TorchrunSession:
-    def __init__(self, run_dir: str, keep: int):
+    def __init__(self, run_dir: str, keep: int, progress: bool):
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -113,7 +114,7 @@ class TorchrunSession:
         if self.owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.run_dir, self.keep = Path(run_dir), keep
-        self.writer = MetricsWriter(self.run_dir) if self.rank == 0 else None
+        self.writer = MetricsWriter(self.run_dir, progress=progress) if self.rank == 0 else None
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
@@ -122,20 +123,18 @@ class TorchrunSession:
     def preemption_notice(self) -> bool:
         return False   # torchrun has no drain notices; its restarts resume from the run directory
 
-    def save_and_report(self, step: int, metrics: dict[str, Any], save_fn) -> None:
+    def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         path = self.run_dir / "train" / ckpt.checkpoint_name(step)
         save_fn(str(path))
         dist.barrier()
         if self.rank == 0:
             for old in ckpt.all_complete(self.run_dir)[self.keep:]:
                 shutil.rmtree(old, ignore_errors=True)
-        self.report(metrics, checkpoint=str(path))
+        self.report(report, checkpoint=str(path))
 
-    def report(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
+    def report(self, report: WorkerReport, checkpoint: str | None = None) -> None:
         if self.writer:
-            self.writer.write(metrics, world_size=self.world_size, checkpoint=checkpoint)
-            if metrics.get("final"):
-                self.writer.write_summary(metrics["final_info"])
+            self.writer.write(report, world_size=self.world_size, checkpoint=checkpoint)
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():

@@ -31,6 +31,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from raydl.errors import ConfigError
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
+from raydl.telemetry.records import WorkerReport
 from raydl.tune import report
 from raydl.tune.space import SweepSpec, parse_sweep, trial_config, trial_cpus_gpus, trial_tree
 
@@ -49,9 +50,9 @@ class TrialReporter(TuneReportCallback):
         self.target, self.target_metric, self.records = target, target_metric, list(records)
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        rank0 = metrics[0]
-        self.records = report.stitch([self.records, rank0.get("records", [])])
-        final = rank0.get("final_info") if rank0.get("final") else None
+        rank0 = WorkerReport.from_dict(metrics[0])
+        self.records = report.stitch([self.records, [r.to_dict() for r in rank0.records]])
+        final = dataclasses.asdict(rank0.final) if rank0.final else None
         scalars = report.trial_metrics(self.records, final, target=self.target, target_metric=self.target_metric)
         super().after_report(run_context, [scalars], checkpoint)
 
@@ -110,7 +111,7 @@ def _asha(spec: SweepSpec):
     budget = spec.budget()
     metric = "eval_loss" if spec.base_config().train.eval_every else "loss"
     return ASHAScheduler(time_attr="samples", metric=metric, mode="min", max_t=budget,
-                         grace_period=spec.asha.grace_samples or max(1, budget // 8),
+                         grace_period=spec.asha.grace(budget),
                          reduction_factor=spec.asha.reduction_factor)
 
 
