@@ -45,9 +45,9 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from raydl.data.dataset import DatasetInfo
-from raydl.data.loader import SplitReader, take_rows
 from raydl.data.order import DataPosition, rank_rows_in_window, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
+from raydl.data.shards import SplitReader, take_rows
 from raydl.errors import DataError
 
 READS_PER_EXECUTION = 256   # windows; an execution starts in ~0.3 s, so it should cover many

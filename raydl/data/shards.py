@@ -1,0 +1,148 @@
+"""The shard reader both loaders share: a split's rows in one epoch's order, read with pyarrow.
+
+`SplitReader` opens shards (a few dozen kept open), checks each against the manifest's schema,
+and reads the row groups of one window at a time. The arrow backend calls it in the training
+process's prefetch thread (raydl.data.loader), the ray backend in Ray Data read tasks
+(raydl.data.ray_source).
+
+A shard that cannot be read fails with a DataError naming it, unless `data.max_bad_shards`
+allows skipping it: then its rows are masked placeholders (id -1, labels -100, which the
+losses ignore), so batch shapes and every other row's position stay the same.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raydl.data.dataset import DatasetInfo, schema_dict
+from raydl.data.order import EpochOrder, RowGroup
+from raydl.errors import DataError
+
+OPEN_SHARDS = 64
+IGNORE_LABEL = -100   # the losses' ignore_index: placeholder rows add nothing to loss or gradient
+
+
+def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
+    """`table.take(indices)`, gathering with numpy: Arrow's take on fixed-size-list columns was 3x
+    slower (raydl bench ingest, 512-token rows), and every window is gathered once per epoch."""
+    columns = []
+    for col in table.columns:
+        col = col.combine_chunks()
+        if pa.types.is_fixed_size_list(col.type) and col.null_count == 0 and col.type.value_type.bit_width % 8 == 0:
+            values = col.flatten().to_numpy().reshape(len(col), col.type.list_size)[indices]
+            columns.append(pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), col.type.list_size))
+        else:
+            columns.append(col.take(pa.array(indices)))
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+class SplitReader:
+    """Random access to a split's rows in one epoch's order, one window in memory at a time."""
+
+    def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0):
+        self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
+        self.shards = info.splits[split]
+        self.row_groups = tuple(RowGroup(s, i, n) for s, shard in enumerate(self.shards)
+                                for i, n in enumerate(shard.row_groups))
+        self.fs, self.root = info.filesystem()
+        self.max_bad_shards = max_bad_shards
+        self.bad_shards: set[str] = set()
+        self.schema: pa.Schema | None = None      # of the first shard read; every other must match
+        self._cache: tuple[tuple[int, int], pa.Table] | None = None
+        self._order: EpochOrder | None = None
+        # Shards kept open: a shuffled window hops between shards, and reopening re-parses the footer.
+        self._files: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()
+
+    def order(self, epoch: int) -> EpochOrder:
+        if self._order is None or self._order.epoch != epoch:     # keep its cached permutations
+            self._order = EpochOrder(self.row_groups, self.seed, epoch, self.shuffle)
+        return self._order
+
+    def _read_row_group(self, g: RowGroup) -> pa.Table:
+        path = f"{self.root.rstrip('/')}/{self.shards[g.shard].file}"
+        if path in self.bad_shards:
+            return self._placeholder(g.rows)
+        try:
+            return self._open(path).read_row_group(g.index, use_threads=False)
+        except (OSError, pa.ArrowException) as e:
+            return self._skip(path, g, e)
+
+    def _open(self, path: str) -> pq.ParquetFile:
+        if path in self._files:
+            self._files.move_to_end(path)
+        else:
+            self._files[path] = pq.ParquetFile(self.fs.open_input_file(path))
+            self._check_schema(path, self._files[path].schema_arrow)
+            if len(self._files) > OPEN_SHARDS:
+                self._files.popitem(last=False)
+        return self._files[path]
+
+    def _check_schema(self, path: str, schema: pa.Schema) -> None:
+        expected = self.info.meta["schema"]
+        if schema_dict(schema) != expected:
+            diff = sorted(set(schema_dict(schema).items()) ^ set(expected.items()))
+            raise DataError(f"shard '{path}' has a different schema from the one in '{self.root}/manifest.json' "
+                            f"(differing fields: {', '.join(f'{k}: {v}' for k, v in diff)}). Fix: re-create the "
+                            f"dataset with `raydl data prepare`, which writes one schema for all shards.")
+        self.schema = self.schema or schema.remove_metadata()
+
+    def _skip(self, path: str, g: RowGroup, error: Exception) -> pa.Table:
+        if len(self.bad_shards) >= self.max_bad_shards:
+            raise DataError(f"shard '{path}' (row group {g.index}) cannot be read: {error}. Skipped so far: "
+                            f"{len(self.bad_shards)}, data.max_bad_shards={self.max_bad_shards}. Fix: re-create the "
+                            f"dataset with `raydl data prepare`, or raise data.max_bad_shards to skip bad shards "
+                            f"(their rows are left out).")
+        print(f"[raydl] skipping unreadable shard '{path}' ({len(self.bad_shards) + 1}/{self.max_bad_shards} "
+              f"allowed by data.max_bad_shards): {error}", flush=True)
+        self.bad_shards.add(path)
+        return self._placeholder(g.rows)
+
+    def _placeholder(self, rows: int) -> pa.Table:
+        if self.schema is None:    # nothing read yet: take the schema from any readable shard's footer
+            self.schema = self._any_schema()
+        columns = {}
+        for field in self.schema:
+            fill = -1 if field.name == "id" else IGNORE_LABEL if field.name in ("label", "labels") else 0
+            if pa.types.is_fixed_size_list(field.type):
+                n = field.type.list_size
+                values = pa.array(np.full(rows * n, fill), field.type.value_type)
+                columns[field.name] = pa.FixedSizeListArray.from_arrays(values, n)
+            else:
+                columns[field.name] = pa.array(np.full(rows, fill), field.type)
+        return pa.table(columns, schema=self.schema)
+
+    def _any_schema(self) -> pa.Schema:
+        for shard in self.shards:
+            path = f"{self.root.rstrip('/')}/{shard.file}"
+            try:
+                with self.fs.open_input_file(path) as f:
+                    return pq.read_schema(f).remove_metadata()
+            except (OSError, pa.ArrowException):
+                self.bad_shards.add(path)
+        raise DataError(f"no shard of the {self.split} split of '{self.root}' can be read. Fix: re-create the "
+                        f"dataset with `raydl data prepare`.")
+
+    def window_rows(self, order: EpochOrder, window: int) -> pa.Table:
+        """The rows of `window`, its row groups concatenated (not yet shuffled)."""
+        return pa.concat_tables([self._read_row_group(order.row_groups[g]) for g in order.windows[window]])
+
+    def _window(self, order: EpochOrder, window: int) -> pa.Table:
+        key = (order.epoch, window)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, take_rows(self.window_rows(order, window), order.row_permutation(window)))
+        return self._cache[1]
+
+    def rows(self, order: EpochOrder, start: int, end: int) -> pa.Table:
+        """Rows [start, end) of the epoch sequence."""
+        parts = []
+        while start < end:
+            window, offset = order.locate(start)
+            table = self._window(order, window)
+            take = min(end - start, table.num_rows - offset)
+            parts.append(table.slice(offset, take))
+            start += take
+        return pa.concat_tables(parts)
