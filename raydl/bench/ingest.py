@@ -1,17 +1,17 @@
 """raydl bench ingest: parquet token rows -> torch tensors, plain pyarrow vs raydl's loader paths.
 
-    raydl bench ingest [--rows 51200] [--seq-len 512] [--repeats 6] [--runs 3] [--variants ...]
+    raydl bench ingest [--rows 51200] [--seq-len 512] [--epochs 6] [--repeats 5] [--variants ...]
                        [--summary RUN/summary.json ...]
 
 Generates (once) a raydl dataset of random token rows (input_ids + labels, int32; 51,200 x
-512 = 210 MB raw) under --dir (default /tmp), then times `--repeats` consecutive epochs of:
+512 = 210 MB raw) under --dir (default /tmp), then times `--epochs` consecutive epochs of:
   pyarrow        ParquetFile.iter_batches(batch) -> torch.from_numpy, one process, file order
   arrow          one raydl StepLoader, data.backend=arrow (shuffled windows, prefetch thread), 1 rank
   ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution for several epochs), 1 rank
 Each variant runs in its own process; the first epoch is cold (for ray it includes starting
-Ray's worker processes), the median of the rest is reported. Prints rows/s and the ratio to
-pyarrow for each of `--runs` runs and the median ratio, and the data-wait share of training
-runs' summary.json; writes --out (JSON).
+Ray's worker processes), the median of the rest is the run's rows/s. The variants alternate for
+--repeats runs; prints each variant's median rows/s and its ratio to pyarrow's (ratio of medians),
+and the data-wait share of training runs' summary.json; writes --out (JSON).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-from raydl.bench.common import machine, write_result
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from raydl.bench import harness
+from raydl.errors import ConfigError
 
 VARIANTS = ("pyarrow", "arrow", "ray")   # pyarrow first: the others are divided by it
 
@@ -87,8 +89,8 @@ def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[in
     return rows, times
 
 
-def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
-    """In this process: `repeats` timed epochs of one variant."""
+def run_variant(variant: str, path: Path, batch: int, epochs: int) -> dict[str, Any]:
+    """In this process: `epochs` timed epochs of one variant."""
     import torch
 
     torch.set_num_threads(1)
@@ -98,71 +100,65 @@ def run_variant(variant: str, path: Path, batch: int, repeats: int) -> dict:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     if variant == "pyarrow":
         times = []
-        for _ in range(repeats):
+        for _ in range(epochs):
             t0 = time.perf_counter()
             rows = epoch_pyarrow(path, batch)
             times.append(time.perf_counter() - t0)
     else:
-        rows, times = epochs_loader(path, batch, variant, repeats)
-    warm = times[1:] or times
-    return {"rows": rows, "epoch_s": times, "cold_s": times[0], "warm_median_s": statistics.median(warm),
-            "rows_per_s": rows / statistics.median(warm)}
+        rows, times = epochs_loader(path, batch, variant, epochs)
+    warm = statistics.median(times[1:] or times)
+    return {"rows_per_s": rows / warm, "warm_epoch_s": warm, "cold_epoch_s": times[0], "rows": rows, "epoch_s": times}
 
 
-def run_all(args) -> dict:
-    """Every variant once, each in its own process; ratios to this run's pyarrow."""
-    out = {"variants": {}}
-    for variant in ["pyarrow", *(v for v in args.variants if v != "pyarrow")]:
-        cmd = [sys.executable, "-m", "raydl.bench.ingest", "--variant", variant, "--rows", str(args.rows),
-               "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--repeats", str(args.repeats),
-               "--dir", args.dir]
+def variant_side(variant: str, args: argparse.Namespace) -> harness.Side:
+    """One run of `variant` in a process of its own (a fresh interpreter: no warm caches from the others)."""
+    cmd = [sys.executable, "-m", "raydl.bench.ingest", "--variant", variant, "--rows", str(args.rows),
+           "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--epochs", str(args.epochs), "--dir", args.dir]
+
+    def side() -> dict[str, Any]:
         p = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
         if p.returncode:
-            raise SystemExit(f"[bench] {variant} failed:\n{p.stderr[-2000:]}")
-        r = out["variants"][variant] = json.loads(p.stdout.strip().splitlines()[-1])
-        print(f"[bench] {variant:8s} {r['rows_per_s']:>10,.0f} rows/s  warm epoch {r['warm_median_s']:.2f}s "
-              f"(cold {r['cold_s']:.2f}s)", flush=True)
-    base = out["variants"]["pyarrow"]["rows_per_s"]
-    out["ratio_to_pyarrow"] = {k: v["rows_per_s"] / base for k, v in out["variants"].items()}
-    print("[bench] ratio b/a: " + ", ".join(f"{k} {v:.2f}" for k, v in out["ratio_to_pyarrow"].items()), flush=True)
-    return out
+            raise RuntimeError(f"[bench] ingest variant {variant} failed:\n{p.stderr[-2000:]}")
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    return side
+
+
+def data_wait_shares(summary_paths: list[str]) -> dict[str, float]:
+    shares = {path: json.loads(Path(path).read_text())["data_wait_frac"] for path in summary_paths}
+    for path, share in shares.items():
+        print(f"[bench] data-wait share of step time ({path}): {100 * share:.3f}%")
+    return shares
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="raydl bench ingest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser("ingest", __doc__)
     p.add_argument("--rows", type=int, default=51200)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=256, help="Rows per batch (the loader's global batch).")
-    p.add_argument("--repeats", type=int, default=6, help="Epochs per variant and run; the first is cold.")
+    p.add_argument("--epochs", type=int, default=6, help="Epochs per variant and run; the first is cold.")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--dir", default="/tmp/raydl-bench", help="Where the benchmark dataset is generated.")
-    p.add_argument("--runs", type=int, default=3, help="Runs of every variant; ratios are the median over runs.")
-    p.add_argument("--summary", nargs="*", help="Training runs' summary.json files, for their data-wait share.")
-    p.add_argument("--out", default="benchmarks/results/ingest-cpu.json")
+    p.add_argument("--summary", nargs="*", default=[], help="Training runs' summary.json files, for their data-wait share.")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # internal: run one variant in this process
-    args = p.parse_args(argv)
+    args = harness.parse_args(p, argv)
+    if args.epochs < 1:
+        raise ConfigError("--epochs", f"is {args.epochs}", "use at least 1 (2 or more: the first is cold)")
     path = make_dataset(Path(args.dir), args.rows, args.seq_len)
     if args.variant:
-        print(json.dumps(run_variant(args.variant, path, args.batch, args.repeats)))
+        print(json.dumps(run_variant(args.variant, path, args.batch, args.epochs)))
         return 0
+    session = harness.Session("ingest", args)
+    variants = ["pyarrow", *(v for v in args.variants if v != "pyarrow")]
+    runs = harness.alternate({v: variant_side(v, args) for v in variants}, args.repeats)
+    rates = {v: [r["rows_per_s"] for r in variant_runs] for v, variant_runs in runs.items()}
+    ratios = {v: harness.ratio_of_medians(rates[v], rates["pyarrow"]) for v in variants}
+    for v in variants:
+        print(harness.describe(v, harness.summary(rates[v]), " rows/s") + f"; ratio to pyarrow {ratios[v]:.2f}")
     size = sum(f.stat().st_size for f in path.glob("train-*.parquet"))
-    result = {"machine": machine(), "dataset": {"path": str(path), "rows": args.rows, "seq_len": args.seq_len,
-                                                "raw_mb": args.rows * args.seq_len * 4 * 2 / 1e6,
-                                                "disk_mb": size / 1e6, "batch": args.batch},
-              "runs": [run_all(args) for _ in range(args.runs)]}
-    result["median_ratio_to_pyarrow"] = {
-        k: statistics.median(r["ratio_to_pyarrow"][k] for r in result["runs"]) for k in result["runs"][0]["variants"]}
-    print(f"[bench] median ratio b/a over {args.runs} runs: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in result["median_ratio_to_pyarrow"].items()))
-    result["training_data_wait_frac"] = {}
-    for summary_path in args.summary or []:
-        summary = json.loads(Path(summary_path).read_text())
-        result["training_data_wait_frac"][summary_path] = summary["data_wait_frac"]
-        print(f"[bench] data-wait share of step time ({summary_path}): {100 * summary['data_wait_frac']:.3f}%")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_result(args.out, result)
-    print(f"[bench] wrote {args.out}")
+    session.write(dataset={"path": str(path), "rows": args.rows, "seq_len": args.seq_len, "batch": args.batch,
+                           "raw_mb": args.rows * args.seq_len * 4 * 2 / 1e6, "disk_mb": size / 1e6},
+                  variants={v: harness.summarize(variant_runs) for v, variant_runs in runs.items()},
+                  ratio_to_pyarrow=ratios, training_data_wait_frac=data_wait_shares(args.summary))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Fault-test helpers on top of raydl.bench.recovery (cluster, run subprocess, process faults): the sample-id
+"""Fault-test helpers on top of raydl.bench.fault_cluster (cluster, run subprocess, process faults): the sample-id
 ledger, Ray's registered checkpoints, open files, and the fault-free reference run.
 
 The ledger (raydl/data/ledger.py, RAYDL_LEDGER_DIR) reaches the workers through the job's runtime_env.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raydl.bench.recovery import Run
+from raydl.bench.fault_cluster import Run
 
 REPO = Path(__file__).resolve().parents[2]
 

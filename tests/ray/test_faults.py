@@ -31,7 +31,8 @@ from raydl.data.dataset import resolve_path
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
-from raydl.bench.recovery import FaultCluster, Run, kill, poll, train_workers
+from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
+from raydl.bench.procs import kill
 from tests.ray.fault_harness import (attempt_starts, checkpoints, committed_ids, epoch_ids, ledger, ledger_run,
                                      open_files, preempted_checkpoints, reference_run)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydl.bench.pipeline import (Block, Clock, SavedBytes, accepted_configs, check_goals, formula_bubble,
-                                  markdown_table, per_step)
+from raydl.bench.pipeline_model import Block, Clock, SavedBytes
+from raydl.bench.pipeline_report import accepted_configs, check_goals, formula_bubble, markdown_table, per_step
 
 
 def test_accepted_configs_follow_torchs_schedule_constraints():
