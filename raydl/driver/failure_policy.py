@@ -8,6 +8,7 @@ This policy decides RAISE for those at once and leaves every other decision to R
 
 from __future__ import annotations
 
+from ray.exceptions import RayTaskError
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
 from ray.train.v2.api.exceptions import WorkerGroupError
@@ -23,11 +24,12 @@ def raydl_error_in(error: BaseException) -> RaydlError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        if isinstance(e, RayTaskError):   # also an instance of its cause's class, but str() is Ray's traceback
+            todo.append(e.cause)
+            continue
         if isinstance(e, RaydlError):
             return e
         todo.extend([e.__cause__, e.__context__, *getattr(e, "worker_failures", {}).values()])
-        if hasattr(e, "as_instanceof_cause"):
-            todo.append(getattr(e, "cause", None))
     return None
 
 

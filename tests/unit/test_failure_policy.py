@@ -1,0 +1,44 @@
+"""Which worker failures are retried: raydl's own (deterministic) errors raise at once, the rest follow Ray."""
+
+from __future__ import annotations
+
+from ray import cloudpickle
+
+from ray.exceptions import RayTaskError
+from ray.train import FailureConfig
+from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+from raydl.driver.failure_policy import FailFastOnRaydlErrors, raydl_error_in
+from raydl.errors import DataError, TrainingDiverged
+
+
+def diverged() -> TrainingDiverged:
+    return TrainingDiverged(step=7, loss=float("nan"), lr=3e-3, last_finite=(6, 2.5), checkpoint_step=5,
+                            run_dir="runs/x", grad_clip=1.0, precision="fp16")
+
+
+def as_worker_failure(error: Exception) -> Exception:
+    """The exception as the controller sees it: wrapped by Ray's task machinery, after a pickle round trip."""
+    try:
+        raise error
+    except Exception as e:
+        wrapped = RayTaskError("train_fn", "traceback text", e)
+    return cloudpickle.loads(cloudpickle.dumps(wrapped.as_instanceof_cause()))
+
+
+def test_raydl_errors_raise_at_once_others_retry():
+    policy = FailFastOnRaydlErrors(DefaultFailurePolicy(FailureConfig(max_failures=3)))
+    crash = WorkerGroupError("rank 1 died", {1: as_worker_failure(RuntimeError("connection reset"))})
+    assert [policy.make_decision(crash) for _ in range(4)] == [FailureDecision.RETRY] * 3 + [FailureDecision.RAISE]
+    for error in (DataError("shard_00003.parquet is corrupt"), diverged()):
+        fresh = FailFastOnRaydlErrors(DefaultFailurePolicy(FailureConfig(max_failures=3)))
+        assert fresh.make_decision(WorkerGroupError("bad", {0: as_worker_failure(error)})) == FailureDecision.RAISE
+
+
+def test_diverged_error_is_one_paragraph_that_survives_pickling():
+    error = raydl_error_in(WorkerGroupError("bad", {0: as_worker_failure(diverged())}))
+    text = str(error)
+    assert isinstance(error, TrainingDiverged) and error.exit_code == 1
+    assert "\n" not in text and "step 7" in text and "2.5000 at step 6" in text and "step 5 is kept" in text
+    assert "--resume runs/x" in text and "bf16 instead of fp16" in text and "train.lr" in text
