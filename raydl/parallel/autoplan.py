@@ -1,4 +1,4 @@
-"""parallel.pp_degree=auto: measure every block on this device, then let the planner choose.
+"""parallel.pp_degree=auto: measure every block on this device, for the planner to choose from.
 
     raydl plan --workers 4                       # the table of candidate layouts, without training
     raydl train --set parallel.pp_degree=auto
@@ -18,14 +18,12 @@ import torch
 import torch.distributed as dist
 
 from raydl.config import JobConfig
-from raydl.errors import LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
 from raydl.parallel import planner
-from raydl.parallel.mesh import Layout
 from raydl.train.precision import autocast
 
-__all__ = ["profile_model", "plan_layouts", "auto_layout", "device_memory_bytes", "min_micro_batch"]
+__all__ = ["profile_model", "shared_profile", "device_memory_bytes"]
 
 _REPEATS = 3
 
@@ -76,7 +74,7 @@ def profile_model(model: BlockModel, spec: ModelSpec, *, micro_batch: int, preci
     return planner.ModelProfile(blocks=tuple(blocks), micro_batch=micro_batch)
 
 
-def _shared_profile(model: BlockModel, spec: ModelSpec, cfg: JobConfig, device: torch.device) -> planner.ModelProfile:
+def shared_profile(model: BlockModel, spec: ModelSpec, cfg: JobConfig, device: torch.device) -> planner.ModelProfile:
     """Rank 0's profile on every rank: timings differ between ranks, layouts must not."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return profile_model(model, spec, micro_batch=cfg.train.micro_batch_size, precision=cfg.train.precision,
@@ -95,52 +93,3 @@ def device_memory_bytes(device: torch.device, workers_on_host: int) -> int:
         return torch.cuda.get_device_properties(device).total_memory
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return total // max(1, workers_on_host)
-
-
-def min_micro_batch(cfg: JobConfig) -> int:
-    # The planner scales time linearly with the micro-batch, so it favours tiny micro-batches that real
-    # kernels run inefficiently; stay within 4x of the size the profile was measured at.
-    return max(1, cfg.train.micro_batch_size // 4)
-
-
-def plan_layouts(profile: planner.ModelProfile, cfg: JobConfig, *, world_size: int,
-                 memory_bytes: int) -> tuple[planner.Layout, list[planner.Layout]]:
-    """(chosen, candidates): the planner's best fitting layout whose micro-batch is >= min_micro_batch."""
-    p = cfg.parallel
-    if p.stage_cuts and p.pp_degree != "auto":
-        planner.validate_stage_cuts(p.stage_cuts, num_blocks=len(profile.blocks), pp=p.pp_degree, schedule=p.schedule)
-    _, candidates = planner.plan(profile, world_size=world_size, global_batch=cfg.train.global_batch_size,
-                                 device_memory_bytes=memory_bytes,
-                                 pp=p.pp_degree, schedule="auto" if p.pp_degree == "auto" else p.schedule,
-                                 num_microbatches=p.num_microbatches or None, stage_cuts=p.stage_cuts or None)
-    floor = min_micro_batch(cfg)
-    usable = [c for c in candidates if c.fits and c.micro_batch >= floor]
-    if not usable:
-        raise LayoutError(
-            f"no layout of {world_size} workers fits with a micro-batch of at least {floor} samples "
-            f"(train.micro_batch_size={cfg.train.micro_batch_size} // 4); the best fitting one is "
-            f"{_describe(candidates[0])}. Fix: lower train.micro_batch_size, or set parallel.pp_degree explicitly.")
-    return usable[0], candidates   # candidates come sorted best first
-
-
-def _describe(c: planner.Layout) -> str:
-    return f"dp={c.dp} pp={c.pp} {c.schedule} m={c.num_microbatches} micro_batch={c.micro_batch}"
-
-
-def to_mesh_layout(chosen: planner.Layout, world_size: int) -> Layout:
-    pipelined = chosen.pp > 1
-    return Layout(world_size=world_size, dp=chosen.dp, pp=chosen.pp, micro_batch=chosen.micro_batch,
-                  num_microbatches=chosen.num_microbatches, schedule=chosen.schedule if pipelined else "none",
-                  stage_cuts=tuple(chosen.stage_cuts) if pipelined else ())
-
-
-def auto_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, *, world_size: int,
-                device: torch.device) -> Layout:
-    profile = _shared_profile(model, spec, cfg, device)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    chosen, _ = plan_layouts(profile, cfg, world_size=world_size,
-                             memory_bytes=device_memory_bytes(device, local))
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"[raydl] pp_degree=auto chose {_describe(chosen)} (predicted {chosen.predicted_step_s * 1e3:.1f} ms/step)",
-              flush=True)
-    return to_mesh_layout(chosen, world_size)

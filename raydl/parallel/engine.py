@@ -7,6 +7,7 @@ only calls `forward_backward`, `clip`, `evaluate`, `parameters` and `model`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
 from raydl.parallel.data_parallel import apply_data_parallel
-from raydl.parallel.mesh import Layout, build_mesh, resolve_layout
+from raydl.parallel.mesh import Layout, build_mesh
 from raydl.train import step as train_step
 from raydl.train.optim import clip_grad_norm
 
@@ -64,16 +65,23 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
         model.blocks[name] = checkpoint_wrapper(block)
 
 
-def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, world_size: int, device: torch.device) -> Layout:
-    if cfg.parallel.pp_degree == "auto":
-        from raydl.parallel.autoplan import auto_layout
+def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -> Layout:
+    num_blocks = len(model.blocks)
+    if not Layout.needs_profile(cfg):
+        return Layout.from_config(cfg, session.world_size, num_blocks=num_blocks)
+    from raydl.parallel.autoplan import device_memory_bytes, shared_profile
 
-        return auto_layout(model, cfg, spec, world_size=world_size, device=device)
-    return resolve_layout(cfg, world_size=world_size, num_blocks=len(model.blocks))
+    profile = shared_profile(model, spec, cfg, session.device)
+    workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
+    layout = Layout.from_config(cfg, session.world_size, profile, num_blocks=num_blocks,
+                                memory_bytes=device_memory_bytes(session.device, workers_on_host))
+    if session.rank == 0:
+        print(f"[raydl] pp_degree=auto chose {layout.to_dict()}", flush=True)
+    return layout
 
 
 def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session):
-    layout = choose_layout(model, cfg, spec, session.world_size, session.device)
+    layout = choose_layout(model, cfg, spec, session)
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 else None
     if layout.pp > 1:
         from raydl.parallel.pipeline import PipelineEngine

@@ -1,9 +1,10 @@
 """The layout of a worker group: data-parallel × pipeline degrees and the batch arithmetic.
 
-Resolved at every worker-group start from the config and the world size, so a resized
-group gets a new layout while the global batch stays the same
-(global = micro-batch × accumulation (or pipeline micro-batches) × dp). `build_mesh` is
-the only torch.distributed call here.
+`Layout.from_config` is the one place that turns a config and a world size into dp × pp ×
+micro-batches, at every worker-group start, so a resized group gets a new layout while the
+global batch stays the same (global = micro-batch × accumulation (or pipeline micro-batches) × dp).
+pp is the config's, or with parallel.pp_degree=auto the planner's choice from a profile of the
+model. `build_mesh` is the only torch.distributed call here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from dataclasses import asdict, dataclass
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
+from raydl.parallel import planner
+
+__all__ = ["Layout", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
 
 
 @dataclass(frozen=True)
@@ -26,13 +30,39 @@ class Layout:
     schedule: str = "none"
     stage_cuts: tuple[int, ...] = ()
 
+    @staticmethod
+    def needs_profile(cfg: JobConfig) -> bool:
+        """parallel.pp_degree=auto: the planner chooses from a profile of the model on the device."""
+        return cfg.parallel.pp_degree == "auto"
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig, world_size: int, profile: planner.ModelProfile | None = None, *,
+                    num_blocks: int, memory_bytes: int = 0) -> Layout:
+        """The layout this world size trains with, validated (LayoutError with the numbers and the fix).
+
+        With pp_degree=auto, `profile` and `memory_bytes` (per worker) are what the planner chooses from.
+        """
+        p = cfg.parallel
+        if cls.needs_profile(cfg):
+            chosen, _ = plan_layouts(profile, cfg, world_size=world_size, memory_bytes=memory_bytes)
+            pp, schedule, m, cuts = chosen.pp, chosen.schedule, chosen.num_microbatches, chosen.stage_cuts
+        else:   # without a pipeline, the micro-batch count is derived from the batch sizes
+            pp, schedule, cuts = p.pp_degree, p.schedule, tuple(p.stage_cuts)
+            m = p.num_microbatches if pp > 1 else 0
+            if pp > 1:
+                planner.check_mesh(num_blocks, world_size, pp, schedule)
+        dp = world_size // pp
+        micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
+                               dp=dp, strict=not _elastic(cfg), num_microbatches=m)
+        pipelined = pp > 1
+        layout = cls(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
+                     schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
+        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=p.dp_wrapper)
+        return layout
+
     @property
     def global_batch(self) -> int:
         return self.dp * self.num_microbatches * self.micro_batch
-
-    @property
-    def per_replica_batch(self) -> int:
-        return self.num_microbatches * self.micro_batch
 
     def coords(self, rank: int) -> tuple[int, int]:
         """rank -> (dp_rank, pp_rank); pp is the inner axis so a pipeline's stages are neighbours."""
@@ -40,6 +70,11 @@ class Layout:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _elastic(cfg: JobConfig) -> bool:
+    """A run whose world size may change trains at the closest smaller global batch when a size does not split it."""
+    return cfg.scaling.min_workers != cfg.scaling.max_workers
 
 
 def batch_split(*, global_batch: int, micro_batch: int, dp: int, strict: bool,
@@ -71,23 +106,54 @@ def batch_split(*, global_batch: int, micro_batch: int, dp: int, strict: bool,
     return micro, m
 
 
-def resolve_layout(cfg: JobConfig, *, world_size: int, num_blocks: int, pp: int | None = None) -> Layout:
-    """Layout for a fixed pp degree (`pp` or cfg.parallel.pp_degree); 'auto' is the planner's job."""
-    pp = pp if pp is not None else cfg.parallel.pp_degree
-    assert isinstance(pp, int), "pp_degree='auto' must be resolved by the planner first"
-    if pp > num_blocks:
-        raise LayoutError(f"parallel.pp_degree={pp} is larger than the model's {num_blocks} blocks. "
-                          f"Fix: use parallel.pp_degree <= {num_blocks}.")
-    if world_size % pp:
-        raise LayoutError(f"the world size {world_size} is not divisible by parallel.pp_degree={pp}. "
-                          f"Fix: use a pp degree that divides the number of workers, or pp_degree=auto.")
-    dp = world_size // pp
-    strict = cfg.scaling.min_workers == cfg.scaling.max_workers
-    micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
-                           dp=dp, strict=strict, num_microbatches=cfg.parallel.num_microbatches if pp > 1 else 0)
-    return Layout(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
-                  schedule=cfg.parallel.schedule if pp > 1 else "none",
-                  stage_cuts=tuple(cfg.parallel.stage_cuts))
+def min_micro_batch(cfg: JobConfig) -> int:
+    # The planner scales time linearly with the micro-batch, so it favours tiny micro-batches that real
+    # kernels run inefficiently; stay within 4x of the size the profile was measured at.
+    return max(1, cfg.train.micro_batch_size // 4)
+
+
+def plan_layouts(profile: planner.ModelProfile, cfg: JobConfig, *, world_size: int,
+                 memory_bytes: int) -> tuple[planner.Candidate, list[planner.Candidate]]:
+    """(chosen, candidates): the planner's best fitting candidate whose micro-batch is >= min_micro_batch.
+    An explicit pp_degree restricts the search to it and the configured schedule."""
+    p = cfg.parallel
+    auto = Layout.needs_profile(cfg)
+    if p.stage_cuts and not auto:
+        planner.validate_stage_cuts(p.stage_cuts, num_blocks=len(profile.blocks), pp=p.pp_degree, schedule=p.schedule)
+    _, candidates = planner.plan(profile, world_size=world_size, global_batch=cfg.train.global_batch_size,
+                                 device_memory_bytes=memory_bytes, pp=p.pp_degree,
+                                 schedule="auto" if auto else p.schedule, num_microbatches=p.num_microbatches or None,
+                                 stage_cuts=p.stage_cuts or None, allow_smaller_batch=_elastic(cfg))
+    floor = min_micro_batch(cfg)
+    usable = [c for c in candidates if c.fits and c.micro_batch >= floor]
+    if not usable:
+        raise LayoutError(
+            f"no layout of {world_size} workers fits with a micro-batch of at least {floor} samples "
+            f"(train.micro_batch_size={cfg.train.micro_batch_size} // 4); the best fitting one is "
+            f"{planner.describe(candidates[0])}. Fix: lower train.micro_batch_size, or set parallel.pp_degree explicitly.")
+    return usable[0], candidates   # candidates come sorted best first
+
+
+def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str) -> None:
+    """Raise LayoutError for a pipeline (pp > 1) torch would reject, before any process group work."""
+    if layout.pp == 1:
+        return
+    planner.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,
+                            schedule=layout.schedule, num_microbatches=layout.num_microbatches,
+                            global_batch=layout.global_batch, micro_batch=layout.micro_batch,
+                            stage_cuts=layout.stage_cuts or None)
+    if dp_wrapper == "ddp" and layout.dp > 1:
+        # Zero-bubble schedules bypass DDP's hooks (pytorch/pytorch#144530, PIPELINE_NOTES 1c); with the
+        # others torch 2.13's reducer fails an internal assert on the second step.
+        raise LayoutError(f"parallel.dp_wrapper=ddp does not work with pipeline parallelism (pp={layout.pp}, "
+                          f"dp={layout.dp}): un-averaged gradients with the zero-bubble schedules "
+                          f"(pytorch/pytorch#144530) and a reducer failure on the second step with the others. "
+                          f"Fix: use parallel.dp_wrapper=fsdp (default) or replicate.")
+    if precision == "fp16":
+        # GradScaler's overflow check is per rank; stages would disagree on skipping a step.
+        raise LayoutError(f"train.precision=fp16 is not supported with parallel.pp_degree={layout.pp}: the gradient "
+                          f"scaler would skip steps on some stages only. Fix: use train.precision=bf16 (no scaler "
+                          f"needed) or fp32.")
 
 
 def build_mesh(layout: Layout, device_type: str):

@@ -21,7 +21,6 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from raydl.config import JobConfig
-from raydl.errors import LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
 from raydl.parallel import planner, schedules
@@ -31,7 +30,7 @@ from raydl.train.optim import clip_grad_norm
 from raydl.train.precision import autocast
 from raydl.train.step import StepStats
 
-__all__ = ["stage_cuts", "validate", "pipeline_model", "PipelineEngine"]
+__all__ = ["stage_cuts", "split_stages", "pipeline_model", "PipelineEngine"]
 
 
 def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
@@ -39,26 +38,6 @@ def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
     if layout.stage_cuts:
         return tuple(layout.stage_cuts)
     return planner.balanced_cuts([1.0] * num_blocks, layout.pp * schedules.get(layout.schedule).stages_per_rank)
-
-
-def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str) -> None:
-    """Raise LayoutError before any process group work, with the numbers and the fix."""
-    planner.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,
-                            schedule=layout.schedule, num_microbatches=layout.num_microbatches,
-                            global_batch=layout.global_batch, micro_batch=layout.micro_batch,
-                            stage_cuts=layout.stage_cuts or None)
-    if dp_wrapper == "ddp" and layout.dp > 1:
-        # Zero-bubble schedules bypass DDP's hooks (pytorch/pytorch#144530); with the others torch 2.13's
-        # reducer fails an internal assert on the second step (reproduced in tests/dist/test_pipeline_parity.py).
-        raise LayoutError(f"parallel.dp_wrapper=ddp does not work with pipeline parallelism (pp={layout.pp}, "
-                          f"dp={layout.dp}): un-averaged gradients with the zero-bubble schedules "
-                          f"(pytorch/pytorch#144530) and a reducer failure on the second step with the others. "
-                          f"Fix: use parallel.dp_wrapper=fsdp (default) or replicate.")
-    if precision == "fp16":
-        # GradScaler's overflow check is per rank; stages would disagree on skipping a step.
-        raise LayoutError(f"train.precision=fp16 is not supported with parallel.pp_degree={layout.pp}: the gradient "
-                          f"scaler would skip steps on some stages only. Fix: use train.precision=bf16 (no scaler "
-                          f"needed) or fp32.")
 
 
 def split_stages(model: BlockModel, cuts: tuple[int, ...], indices: tuple[int, ...]) -> list[BlockModel]:
@@ -94,8 +73,6 @@ class PipelineEngine:
     """pp > 1: this rank runs its stage(s) of one pipeline; dp replicas of the pipeline over the mesh's dp axis."""
 
     def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh):
-        validate(layout, num_blocks=len(model.blocks), precision=cfg.train.precision,
-                 dp_wrapper=cfg.parallel.dp_wrapper)
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         if cfg.model.activation_checkpointing:
             from raydl.parallel.engine import apply_activation_checkpointing
@@ -123,7 +100,7 @@ class PipelineEngine:
             return run(*args, target=targets if self.is_last else None, losses=losses if self.is_last else None)
 
     def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
-        assert scaler is None, "fp16 is refused by validate()"
+        assert scaler is None, "fp16 with pp > 1 is refused by mesh.validate"
         losses: list[torch.Tensor] = []
         # scale_grads=True divides by m: the gradient of the mean micro-batch loss, as in plain DP.
         self._run(tensors, functools.partial(self.schedule.step, return_outputs=False), losses, self.precision)

@@ -52,8 +52,8 @@ from raydl.parallel import schedules
 from raydl.parallel.schedules import require_positive
 
 __all__ = [
-    "BlockProfile", "ModelProfile", "StagePrediction", "Layout",
-    "balanced_cuts", "validate_layout", "validate_stage_cuts", "evaluate", "plan", "format_table",
+    "BlockProfile", "ModelProfile", "StagePrediction", "Candidate",
+    "balanced_cuts", "check_mesh", "describe", "validate_layout", "validate_stage_cuts", "evaluate", "plan", "format_table",
 ]
 
 _MIB = 2**20
@@ -92,7 +92,7 @@ class StagePrediction:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Candidate:
     dp: int
     pp: int
     schedule: str
@@ -104,6 +104,10 @@ class Layout:
     bubble_fraction: float
     fits: bool  # every rank's peak memory (sum of its stages) <= device memory
     reason: str  # one line: why chosen / why rejected
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.num_microbatches * self.micro_batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +164,7 @@ def validate_layout(
     stage_cuts: Sequence[int] | None = None,
 ) -> None:
     """Raise LayoutError, with the numbers and the fix, for a layout torch or the batch sizes reject."""
-    _check_mesh(num_blocks, world_size, pp, schedule)
+    check_mesh(num_blocks, world_size, pp, schedule)
     _check_batch(world_size // pp, num_microbatches, global_batch, micro_batch)
     schedules.check_microbatches(schedule, pp, num_microbatches)
     if stage_cuts is not None:
@@ -172,7 +176,7 @@ def validate_stage_cuts(stage_cuts: Sequence[int], *, num_blocks: int, pp: int, 
     _check_cuts(tuple(stage_cuts), num_blocks, pp, schedule)
 
 
-def _check_mesh(num_blocks: int, world_size: int, pp: int, schedule: str) -> None:
+def check_mesh(num_blocks: int, world_size: int, pp: int, schedule: str) -> None:
     per_rank = schedules.get(schedule).stages_per_rank
     require_positive(num_blocks=num_blocks, world_size=world_size, pp=pp)
     if world_size % pp:
@@ -244,12 +248,14 @@ def evaluate(
     device_memory_bytes: int,
     num_microbatches: int | None = None,
     stage_cuts: Sequence[int] | None = None,
-) -> Layout:
+    allow_smaller_batch: bool = False,
+) -> Candidate:
     """Predict one layout (validated first). Without num_microbatches the micro-batch is the profiled
     one; with it, micro_batch = global_batch // dp // num_microbatches. Without stage_cuts the blocks
-    are cut by `balanced_cuts` on fwd+bwd time."""
+    are cut by `balanced_cuts` on fwd+bwd time. With `allow_smaller_batch` a global batch that does not
+    split into dp x m x micro_batch becomes the closest smaller one that does."""
     num_blocks = len(profile.blocks)
-    _check_mesh(num_blocks, world_size, pp, schedule)
+    check_mesh(num_blocks, world_size, pp, schedule)
     require_positive(global_batch=global_batch)
     dp = world_size // pp
     if num_microbatches is None:
@@ -258,6 +264,8 @@ def evaluate(
     else:
         require_positive(num_microbatches=num_microbatches)
         micro_batch = global_batch // dp // num_microbatches
+    if allow_smaller_batch and micro_batch >= 1:
+        global_batch = dp * num_microbatches * micro_batch
     validate_layout(
         num_blocks=num_blocks, world_size=world_size, pp=pp, schedule=schedule, num_microbatches=num_microbatches,
         global_batch=global_batch, micro_batch=micro_batch, stage_cuts=stage_cuts,
@@ -270,7 +278,7 @@ def evaluate(
 def _predict(
     profile: ModelProfile, dp: int, pp: int, schedule: str, m: int, micro_batch: int,
     cuts: tuple[int, ...], device_memory_bytes: int,
-) -> Layout:
+) -> Candidate:
     scale = micro_batch / profile.micro_batch
     bounds = _stage_bounds(cuts, len(profile.blocks))
     costs = _block_costs(profile)
@@ -287,7 +295,7 @@ def _predict(
     fits = rank_memory[fullest] <= device_memory_bytes
     verdict = "fits" if fits else "does not fit"
     relation = "<=" if fits else ">"
-    return Layout(
+    return Candidate(
         dp=dp, pp=pp, schedule=schedule, num_microbatches=m, micro_batch=micro_batch, stage_cuts=cuts,
         stages=stages, predicted_step_s=m * max(rank_times) / (1 - bubble), bubble_fraction=bubble, fits=fits,
         reason=f"{verdict}: rank {fullest} needs {_mib(rank_memory[fullest])} MiB {relation} "
@@ -368,12 +376,25 @@ def _stage_memory(
     return memory
 
 
-def _max_rank_memory(layout: Layout) -> int:
+def _max_rank_memory(layout: Candidate) -> int:
     return max(_rank_sums(layout.schedule, layout.pp, [s.peak_memory_bytes for s in layout.stages]))
 
 
 # ---------------------------------------------------------------------------------------------
 # Planning
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What to plan for; pp, schedule, num_microbatches and stage_cuts restrict the search when given."""
+    world_size: int
+    global_batch: int
+    device_memory_bytes: int
+    pp: int | str = "auto"
+    schedule: str = "auto"
+    num_microbatches: int | None = None
+    stage_cuts: tuple[int, ...] | None = None
+    allow_smaller_batch: bool = False
 
 
 def plan(
@@ -386,53 +407,54 @@ def plan(
     schedule: str = "auto",
     num_microbatches: int | None = None,
     stage_cuts: Sequence[int] | None = None,
-) -> tuple[Layout, list[Layout]]:
+    allow_smaller_batch: bool = False,
+) -> tuple[Candidate, list[Candidate]]:
     """Evaluate every candidate (pp over divisors of world_size up to the number of blocks, each
     schedule, every micro-batch count dividing the per-replica batch), restricted to the explicit
     arguments, and choose the fitting one with the lowest predicted step time (ties: smaller pp, then
     1f1b before gpipe, then fewer micro-batches, i.e. larger and more efficient ones).
+    With `allow_smaller_batch` (an elastic run) a candidate whose dp does not divide the global batch
+    trains the closest smaller one, as `mesh.batch_split` does; the largest global batch wins first.
     Returns (chosen, all candidates sorted: fitting first, best first)."""
     require_positive(world_size=world_size, global_batch=global_batch, device_memory_bytes=device_memory_bytes)
-    layouts, errors = _enumerate(profile, world_size, global_batch, device_memory_bytes, pp, schedule,
-                                 num_microbatches, stage_cuts)
-    if not layouts:
+    request = _Request(world_size, global_batch, device_memory_bytes, pp, schedule, num_microbatches,
+                       None if stage_cuts is None else tuple(stage_cuts), allow_smaller_batch)
+    candidates, errors = _enumerate(profile, request)
+    if not candidates:
         raise errors[0]
-    fitting = [c for c in layouts if c.fits]
+    fitting = [c for c in candidates if c.fits]
     if not fitting:
-        raise _no_fit_error(profile, layouts, world_size, global_batch, device_memory_bytes, schedule,
-                            num_microbatches)
+        raise _no_fit_error(profile, candidates, request)
     best = min(fitting, key=_rank_key)
-    annotated = [_annotate(c, best, len(fitting), len(layouts), device_memory_bytes) for c in layouts]
-    chosen = annotated[layouts.index(best)]
+    annotated = [_annotate(c, best, len(fitting), len(candidates), device_memory_bytes) for c in candidates]
+    chosen = annotated[candidates.index(best)]
     return chosen, sorted(annotated, key=lambda c: (not c.fits, _rank_key(c)))
 
 
-def _enumerate(
-    profile: ModelProfile, world_size: int, global_batch: int, device_memory_bytes: int,
-    pp: int | str, schedule: str, num_microbatches: int | None, stage_cuts: Sequence[int] | None,
-) -> tuple[list[Layout], list[LayoutError]]:
+def _enumerate(profile: ModelProfile, request: _Request) -> tuple[list[Candidate], list[LayoutError]]:
     """All valid candidates, and the LayoutErrors of the combinations torch or the batch would reject."""
-    num_blocks = len(profile.blocks)
-    pps = [d for d in _divisors(world_size) if d <= num_blocks] if pp == "auto" else [pp]
-    layouts, errors = [], []
+    num_blocks, world_size = len(profile.blocks), request.world_size
+    pps = [d for d in _divisors(world_size) if d <= num_blocks] if request.pp == "auto" else [request.pp]
+    candidates, errors = [], []
     for p in pps:
-        for s in _schedules_for(schedule, p):
+        for s in _schedules_for(request.schedule, p):
             try:
-                _check_mesh(num_blocks, world_size, p, s)
+                check_mesh(num_blocks, world_size, p, s)
             except LayoutError as error:
                 errors.append(error)
                 continue
-            dp = world_size // p
-            counts = [num_microbatches] if num_microbatches is not None else _divisors(max(1, global_batch // dp))
+            per_replica = max(1, request.global_batch // (world_size // p))
+            counts = [request.num_microbatches] if request.num_microbatches is not None else _divisors(per_replica)
             for m in counts:
                 try:
-                    layouts.append(evaluate(
-                        profile, world_size=world_size, pp=p, schedule=s, global_batch=global_batch,
-                        device_memory_bytes=device_memory_bytes, num_microbatches=m, stage_cuts=stage_cuts,
+                    candidates.append(evaluate(
+                        profile, world_size=world_size, pp=p, schedule=s, global_batch=request.global_batch,
+                        device_memory_bytes=request.device_memory_bytes, num_microbatches=m,
+                        stage_cuts=request.stage_cuts, allow_smaller_batch=request.allow_smaller_batch,
                     ))
                 except LayoutError as error:
                     errors.append(error)
-    return layouts, errors
+    return candidates, errors
 
 
 def _schedules_for(schedule: str, pp: int) -> tuple[str, ...]:
@@ -442,65 +464,63 @@ def _schedules_for(schedule: str, pp: int) -> tuple[str, ...]:
     return ("1f1b",) if pp == 1 else schedules.NAMES
 
 
-def _rank_key(layout: Layout) -> tuple:
+def _rank_key(candidate: Candidate) -> tuple:
     # Rounded to the nanosecond so float noise does not beat the tie-break.
-    return (round(layout.predicted_step_s, 9), layout.pp, schedules.PREFERENCE.index(layout.schedule),
-            layout.num_microbatches)
+    return (-candidate.global_batch, round(candidate.predicted_step_s, 9), candidate.pp,
+            schedules.PREFERENCE.index(candidate.schedule), candidate.num_microbatches)
 
 
-def _annotate(layout: Layout, best: Layout, n_fit: int, n_all: int, device_memory_bytes: int) -> Layout:
-    if layout == best:
-        why = (f"chosen: lowest predicted step time ({1e3 * layout.predicted_step_s:.1f} ms) of the {n_fit} "
+def _annotate(candidate: Candidate, best: Candidate, n_fit: int, n_all: int, device_memory_bytes: int) -> Candidate:
+    if candidate == best:
+        why = (f"chosen: lowest predicted step time ({1e3 * candidate.predicted_step_s:.1f} ms) of the {n_fit} "
                f"layouts that fit in {_mib(device_memory_bytes)} MiB ({n_all} evaluated)")
-    elif not layout.fits:
-        why = layout.reason
-    elif _rank_key(layout)[0] == _rank_key(best)[0]:
+    elif not candidate.fits:
+        why = candidate.reason
+    elif candidate.global_batch < best.global_batch:
+        why = f"fits, but trains a global batch of {candidate.global_batch} where the chosen keeps {best.global_batch}"
+    elif _rank_key(candidate)[:2] == _rank_key(best)[:2]:
         why = "fits, same predicted time as the chosen; lost the tie-break (smaller pp, 1f1b, fewer micro-batches)"
     else:
-        slower = layout.predicted_step_s / best.predicted_step_s - 1
+        slower = candidate.predicted_step_s / best.predicted_step_s - 1
         why = f"fits, but predicted {100 * slower:.1f}% slower than the chosen layout"
-    return replace(layout, reason=why)
+    return replace(candidate, reason=why)
 
 
-def _no_fit_error(
-    profile: ModelProfile, layouts: list[Layout], world_size: int, global_batch: int, device_memory_bytes: int,
-    schedule: str, num_microbatches: int | None,
-) -> LayoutError:
-    leanest = min(layouts, key=_max_rank_memory)
+def _no_fit_error(profile: ModelProfile, candidates: list[Candidate], request: _Request) -> LayoutError:
+    leanest = min(candidates, key=_max_rank_memory)
     lines = [
-        f"no layout fits in {_mib(device_memory_bytes)} MiB per device with world_size={world_size} and "
-        f"global_batch={global_batch}: the leanest ({_describe(leanest)}) needs "
+        f"no layout fits in {_mib(request.device_memory_bytes)} MiB per device with world_size={request.world_size} "
+        f"and global_batch={request.global_batch}: the leanest ({describe(leanest)}) needs "
         f"{_mib(_max_rank_memory(leanest))} MiB on its fullest rank. What would fit:",
-        _more_workers_hint(profile, world_size, global_batch, device_memory_bytes, schedule, num_microbatches),
-        _micro_batch_hint(profile, layouts, world_size, global_batch, device_memory_bytes, schedule, num_microbatches),
-        _checkpointing_hint(profile, leanest, device_memory_bytes),
+        _more_workers_hint(profile, request),
+        _micro_batch_hint(profile, candidates, request),
+        _checkpointing_hint(profile, leanest, request.device_memory_bytes),
     ]
     return LayoutError("\n  - ".join(lines))
 
 
-def _more_workers_hint(
-    profile: ModelProfile, world_size: int, global_batch: int, device_memory_bytes: int, schedule: str,
-    num_microbatches: int | None,
-) -> str:
+def _more_workers_hint(profile: ModelProfile, request: _Request) -> str:
     """Search the smallest worker count, from the current one up, for which some pp fits (keeping the
     requested schedule and micro-batch count; pp is free because only pp splits the weights)."""
     floor = max(_block_floor(profile, b) for b in profile.blocks)
-    if floor > device_memory_bytes:
+    if floor > request.device_memory_bytes:
         return (f"more workers: no number helps, one block alone needs {_mib(floor)} MiB "
                 f"(params + grads + optimizer + activations of 1 sample)")
     num_blocks = len(profile.blocks)
-    sizes = sorted({p * dp for p in range(1, num_blocks + 1) for dp in _divisors(global_batch)
-                    if p * dp >= world_size})
+    sizes = sorted({p * dp for p in range(1, num_blocks + 1) for dp in _divisors(request.global_batch)
+                    if p * dp >= request.world_size})
     for size in sizes:
-        layouts, _ = _enumerate(profile, size, global_batch, device_memory_bytes, "auto", schedule,
-                                num_microbatches, None)
-        fitting = [c for c in layouts if c.fits]
-        if fitting:
-            best = min(fitting, key=_rank_key)
-            if size == world_size:
-                return f"more workers: not needed, the current {size} workers fit with {_describe(best)}"
-            return f"more workers: {size} workers would fit ({_describe(best)})"
-    return f"more workers: none up to {sizes[-1] if sizes else world_size} workers fits"
+        best = _best_fitting(profile, replace(request, world_size=size, pp="auto", stage_cuts=None))
+        if best and size == request.world_size:
+            return f"more workers: not needed, the current {size} workers fit with {describe(best)}"
+        if best:
+            return f"more workers: {size} workers would fit ({describe(best)})"
+    return f"more workers: none up to {sizes[-1] if sizes else request.world_size} workers fits"
+
+
+def _best_fitting(profile: ModelProfile, request: _Request) -> Candidate | None:
+    fitting = [c for c in _enumerate(profile, request)[0] if c.fits]
+    return min(fitting, key=_rank_key) if fitting else None
 
 
 def _block_floor(profile: ModelProfile, block: BlockProfile) -> float:
@@ -508,22 +528,17 @@ def _block_floor(profile: ModelProfile, block: BlockProfile) -> float:
     return static + block.activation_bytes / profile.micro_batch
 
 
-def _micro_batch_hint(
-    profile: ModelProfile, layouts: list[Layout], world_size: int, global_batch: int, device_memory_bytes: int,
-    schedule: str, num_microbatches: int | None,
-) -> str:
-    if num_microbatches is None:
-        sizes = sorted({c.micro_batch for c in layouts})
+def _micro_batch_hint(profile: ModelProfile, candidates: list[Candidate], request: _Request) -> str:
+    if request.num_microbatches is None:
+        sizes = sorted({c.micro_batch for c in candidates})
         return f"a smaller micro-batch: does not help, micro-batches of {sizes[0]}..{sizes[-1]} samples were all tried"
-    alternatives, _ = _enumerate(profile, world_size, global_batch, device_memory_bytes, "auto", schedule, None, None)
-    fitting = [c for c in alternatives if c.fits]
-    if not fitting:
-        return f"a smaller micro-batch: none fits on {world_size} workers"
-    best = min(fitting, key=_rank_key)
-    return f"a smaller micro-batch: micro_batch={best.micro_batch} fits ({_describe(best)})"
+    best = _best_fitting(profile, replace(request, pp="auto", num_microbatches=None, stage_cuts=None))
+    if best is None:
+        return f"a smaller micro-batch: none fits on {request.world_size} workers"
+    return f"a smaller micro-batch: micro_batch={best.micro_batch} fits ({describe(best)})"
 
 
-def _checkpointing_hint(profile: ModelProfile, layout: Layout, device_memory_bytes: int) -> str:
+def _checkpointing_hint(profile: ModelProfile, layout: Candidate, device_memory_bytes: int) -> str:
     bounds = _stage_bounds(layout.stage_cuts, len(profile.blocks))
     scale = layout.micro_batch / profile.micro_batch
     memory = _stage_memory(profile, layout.schedule, layout.pp, layout.num_microbatches, scale, bounds,
@@ -533,7 +548,7 @@ def _checkpointing_hint(profile: ModelProfile, layout: Layout, device_memory_byt
     extra = sum(b.fwd_s for b in profile.blocks) / sum(_block_costs(profile))
     verdict = "fits" if after <= device_memory_bytes else "still does not fit"
     return (f"activation checkpointing (keep block outputs, recompute in backward, ~{100 * extra:.0f}% more "
-            f"compute): {_describe(layout)} would drop from {_mib(before)} to {_mib(after)} MiB "
+            f"compute): {describe(layout)} would drop from {_mib(before)} to {_mib(after)} MiB "
             f"(saves {_mib(before - after)} MiB), {verdict}")
 
 
@@ -541,7 +556,7 @@ def _checkpointing_hint(profile: ModelProfile, layout: Layout, device_memory_byt
 # Output
 
 
-def format_table(candidates: list[Layout], chosen: Layout) -> str:
+def format_table(candidates: list[Candidate], chosen: Candidate) -> str:
     """Plain-text table for `raydl plan`, chosen row marked with '*', then why it was chosen."""
     header = ("", "dp", "pp", "schedule", "m", "micro", "stage cuts", "step ms", "bubble %", "MiB/rank", "fits")
     rows = [header] + [_row(c, c == chosen) for c in candidates]
@@ -552,11 +567,11 @@ def format_table(candidates: list[Layout], chosen: Layout) -> str:
                   for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
     ]
-    lines.append(f"* {_describe(chosen)}: {chosen.reason}")
+    lines.append(f"* {describe(chosen)}: {chosen.reason}")
     return "\n".join(lines)
 
 
-def _row(layout: Layout, is_chosen: bool) -> tuple[str, ...]:
+def _row(layout: Candidate, is_chosen: bool) -> tuple[str, ...]:
     return (
         "*" if is_chosen else "",
         str(layout.dp),
@@ -580,7 +595,7 @@ def _format_cuts(cuts: tuple[int, ...]) -> str:
     return f"{cuts[0]},{cuts[1]},{cuts[2]},...,{cuts[-1]} ({len(cuts)} cuts)"
 
 
-def _describe(layout: Layout) -> str:
+def describe(layout: Candidate) -> str:
     return (f"dp={layout.dp} pp={layout.pp} {layout.schedule} m={layout.num_microbatches} "
             f"micro_batch={layout.micro_batch}")
 

@@ -19,7 +19,7 @@ from raydl.data.loader import to_tensors
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.parallel.engine import DataParallelEngine
-from raydl.parallel.mesh import build_mesh, resolve_layout
+from raydl.parallel.mesh import Layout, build_mesh
 from raydl.train.optim import build_optimizer
 from raydl.train.step import optimizer_step
 from tests.conftest import run_gloo
@@ -44,7 +44,7 @@ def train(cfg, world_size: int, rank: int) -> dict[str, torch.Tensor]:
     spec = get_spec(cfg.model)
     torch.manual_seed(0)
     model = spec.build(cfg.model, META)
-    layout = resolve_layout(cfg, world_size=world_size, num_blocks=len(model.blocks))
+    layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
     mesh = build_mesh(layout, "cpu") if world_size > 1 else None
     engine = DataParallelEngine(model, layout, cfg, spec, torch.device("cpu"), mesh)
     optimizer = build_optimizer(engine.parameters(), cfg.train)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from raydl.cli import main as cli_main
+from raydl.driver.prepare import check_layout
 from raydl.errors import LayoutError
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
-from raydl.parallel.mesh import Layout
-from raydl.parallel.pipeline import split_stages, stage_cuts, validate
+from raydl.parallel.mesh import Layout, validate
+from raydl.parallel.pipeline import split_stages, stage_cuts
+from raydl.parallel.planner import BlockProfile, ModelProfile
 from raydl.parallel.schedules import stage_indices, stage_ranks
 
 
@@ -58,6 +62,48 @@ def test_stages_keep_global_parameter_names():
 def test_bad_layouts_raise_with_numbers(layout, precision, wrapper, match):
     with pytest.raises(LayoutError, match=match):
         validate(layout, num_blocks=6, precision=precision, dp_wrapper=wrapper)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "1f1b"])
+def test_ddp_with_a_pipeline_is_refused_before_any_worker_starts(schedule):
+    cfg = load_config(None, ["parallel.pp_degree=2", f"parallel.schedule={schedule}", "parallel.dp_wrapper=ddp",
+                             "parallel.num_microbatches=4", "scaling.min_workers=4", "scaling.max_workers=4"])
+    with pytest.raises(LayoutError, match="pytorch/pytorch#144530"):
+        Layout.from_config(cfg, 4, num_blocks=6)
+    with pytest.raises(LayoutError, match="dp_wrapper=ddp does not work with pipeline parallelism"):
+        check_layout(cfg, num_blocks=6)     # the driver's check: exit 2 before Ray starts
+
+
+def _profile(num_blocks: int) -> ModelProfile:
+    block = BlockProfile("b", fwd_s=1e-3, bwd_s=2e-3, param_bytes=2**20, activation_bytes=2**20, output_bytes=2**10)
+    return ModelProfile((block,) * num_blocks, micro_batch=16)
+
+
+def _elastic(*sets: str):
+    return load_config(None, ["train.global_batch_size=64", "train.micro_batch_size=16", "scaling.min_workers=1",
+                              "scaling.max_workers=4", *sets])
+
+
+def test_auto_pp_trains_the_closest_smaller_batch_where_explicit_pp_does():
+    # 3 workers, 2 blocks: only pp=1 exists, and 64 does not split over dp=3.
+    with pytest.warns(UserWarning, match="global batch of 63"):
+        explicit = Layout.from_config(_elastic(), 3, num_blocks=2)
+    with pytest.warns(UserWarning, match="global batch of 63"):
+        auto = Layout.from_config(_elastic("parallel.pp_degree=auto"), 3, _profile(2), num_blocks=2,
+                                  memory_bytes=2**40)
+    assert (explicit.dp, explicit.pp, explicit.global_batch) == (auto.dp, auto.pp, auto.global_batch) == (3, 1, 63)
+    fixed = load_config(None, ["train.global_batch_size=64", "train.micro_batch_size=16", "scaling.min_workers=3",
+                               "scaling.max_workers=3", "parallel.pp_degree=auto"])
+    with pytest.raises(LayoutError):    # a fixed-size run never trains another batch, explicit or auto
+        Layout.from_config(fixed, 3, _profile(2), num_blocks=2, memory_bytes=2**40)
+
+
+def test_auto_pp_keeps_the_global_batch_when_a_pipeline_can():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # no smaller-batch warning: pp=3 splits 64 exactly
+        layout = Layout.from_config(_elastic("parallel.pp_degree=auto"), 3, _profile(6), num_blocks=6,
+                                    memory_bytes=2**40)
+    assert (layout.dp, layout.pp, layout.global_batch) == (1, 3, 64)
 
 
 @pytest.mark.parametrize("sets, message", [
