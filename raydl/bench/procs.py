@@ -48,6 +48,14 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def name(pid: int) -> str:
+    """The command line, or for a kernel thread (which has none) its name in brackets as ps shows it."""
+    try:
+        return cmdline(pid) or f"[{(PROC / str(pid) / 'comm').read_text().strip()}]"
+    except OSError:
+        return ""
+
+
 def busiest(count: int = 5, interval_s: float = 0.5) -> list[dict[str, object]]:
     """The `count` processes outside this process's tree that used the most CPU over the next `interval_s`."""
     before = table()
@@ -57,7 +65,7 @@ def busiest(count: int = 5, interval_s: float = 0.5) -> list[dict[str, object]]:
     ticks_per_s = os.sysconf("SC_CLK_TCK") * interval_s
     used = sorted(((after[pid][1] - before[pid][1], pid) for pid in after.keys() & before.keys() if pid not in ours),
                   reverse=True)
-    return [{"pid": pid, "cpu_pct": round(100 * ticks / ticks_per_s), "cmd": cmdline(pid)[:120]}
+    return [{"pid": pid, "cpu_pct": round(100 * ticks / ticks_per_s), "cmd": name(pid)[:120]}
             for ticks, pid in used[:count] if ticks]
 
 
