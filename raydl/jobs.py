@@ -5,20 +5,28 @@
 tried and how to fix it; Ray's own exceptions never reach the user as a traceback.
 
 Token auth (RAY_NOTES 5): a Ray 2.60 client sends the token only when RAY_AUTH_MODE=token is set in
-*its* environment, so raydl finds the token itself and always sends it as a Bearer header.
+*its* environment, so raydl finds the token itself and always sends it as a Bearer header, but never in
+clear text over the network (plain http to a non-loopback host needs --insecure). Every HTTP request has a
+timeout (30 s, --http-timeout / RAYDL_HTTP_TIMEOUT_S). The uploaded package leaves out secrets (.env*,
+.ray/, keys, token files) and refuses symlinks that point outside the working dir.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
+import math
 import os
+import re
 import shlex
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, TextIO
+from urllib.parse import urlsplit
 
 from raydl.errors import RaydlError
 
@@ -29,9 +37,16 @@ ENTRYPOINTS = {"train": "jobs/train.py", "sweep": "jobs/sweep.py"}
 # (.git, venvs, datasets, runs) or meaningless on the cluster.
 DEFAULT_EXCLUDES = [".git", ".venv", "venv", "runs", ".raydl_data", "__pycache__", "*.pyc", ".pytest_cache",
                     "*.egg-info", ".mypy_cache", ".ruff_cache"]
+# Secrets: anyone who can read the cluster's package store could read them. `*token*.py` is code (raydl's own
+# data/tokenizer.py), so it stays; `.env*` comes after it so that a .env_token.py is still left out.
+SECRET_EXCLUDES = [".ray", "*token*", "!*token*.py", ".env*", "*.pem", "*.key", ".netrc"]
+LEFT_OUT_SHOWN = 5   # names printed in the one-line "left out of the upload" summary
 # Local settings the job needs to behave like a local run (RAY_NOTES P5: bf16 SIGILL without the ISA cap).
 PASS_THROUGH_ENV = ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA")
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# Ray's client waits forever for an answer: a server that accepts and never replies would hang raydl.
+HTTP_TIMEOUT_ENV, DEFAULT_HTTP_TIMEOUT_S = "RAYDL_HTTP_TIMEOUT_S", 30.0
+_HOSTNAME = re.compile(r"[A-Za-z0-9._-]+")
 ZIP_ENTRY_OVERHEAD = 128   # bytes per file in Ray's uncompressed (ZIP_STORED) package, headers included
 
 
@@ -73,11 +88,75 @@ def _read_token(path: Path, what: str) -> str:
 
 
 def resolve_address(address: str | None) -> str:
-    """--address, else RAY_API_SERVER_ADDRESS, else an http RAY_ADDRESS, else the local default."""
-    for candidate in (address, os.environ.get("RAY_API_SERVER_ADDRESS"), os.environ.get("RAY_ADDRESS")):
-        if candidate and (candidate is address or candidate.startswith(("http://", "https://"))):
-            return candidate if "://" in candidate else f"http://{candidate}"
+    """--address, else RAY_API_SERVER_ADDRESS, else an http RAY_ADDRESS, else the local default; checked."""
+    for source, candidate in (("--address", address), ("RAY_API_SERVER_ADDRESS", os.environ.get("RAY_API_SERVER_ADDRESS")),
+                              ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))):
+        if candidate and (source == "--address" or candidate.startswith(("http://", "https://"))):
+            return check_address(candidate, source)
     return DEFAULT_ADDRESS
+
+
+def check_address(given: str, source: str) -> str:
+    """The URL to use (http:// when no scheme is given). A malformed address fails here, in words, instead of
+    as an InvalidURL traceback from inside Ray."""
+    url = given if "://" in given else f"http://{given}"
+    problem = _address_problem(url)
+    if problem:
+        raise JobsError(f"the Ray job server address '{given}' (from {source}) is not a usable URL: {problem}. Fix: "
+                        "give the dashboard URL as http://HOST:PORT or https://HOST:PORT, e.g. http://127.0.0.1:8265")
+    return url
+
+
+def _address_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        parts.port   # noqa: B018 -- raises ValueError unless the port is a number in 0..65535
+    except ValueError as e:
+        return str(e)
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme is '{parts.scheme}', not http or https"
+    host = parts.hostname or ""
+    if not (_HOSTNAME.fullmatch(host) or _is_ip(host)):
+        return f"'{host}' is not a host name" if host else "it names no host"
+    return None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback)
+
+
+def check_token_transport(url: str, token: Token, insecure: bool) -> None:
+    """The token is the key to the cluster (it runs any code sent with it): never send it in clear text."""
+    if token.value is None or insecure or urlsplit(url).scheme == "https" or is_loopback(url):
+        return
+    raise JobsError(f"refusing to send the Ray auth token (from {token.source}) over plain http to {url}: that "
+                    "address is not loopback, so the token would cross the network in clear text, and whoever "
+                    "reads it can run any code on the cluster. Fix: use https://, or an SSH tunnel / `kubectl "
+                    "port-forward` and --address http://127.0.0.1:8265; pass --insecure only on a network you trust")
+
+
+def http_timeout(flag: str | float | None) -> float:
+    """--http-timeout, else RAYDL_HTTP_TIMEOUT_S, else 30 s: the longest raydl waits for one answer."""
+    source, raw = ("--http-timeout", flag) if flag is not None else (HTTP_TIMEOUT_ENV, os.environ.get(HTTP_TIMEOUT_ENV))
+    if raw is None or raw == "":
+        return DEFAULT_HTTP_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise JobsError(f"{source} is {raw!r}, not a number of seconds > 0. Fix: e.g. {source}"
+                        f"{' ' if source.startswith('--') else '='}{DEFAULT_HTTP_TIMEOUT_S:g}")
+    return value
 
 
 @contextmanager
@@ -94,14 +173,15 @@ def _explicit_address() -> Iterator[None]:
 class Jobs:
     """A JobSubmissionClient whose every call turns Ray's errors into JobsError."""
 
-    def __init__(self, address: str | None = None, token_file: str | None = None):
+    def __init__(self, address: str | None = None, token_file: str | None = None, *,
+                 timeout_s: str | float | None = None, insecure: bool = False):
         self.address = resolve_address(address)
         self.token = find_token(token_file)
+        self.timeout_s = http_timeout(timeout_s)
+        check_token_transport(self.address, self.token, insecure)
         headers = {"Authorization": f"Bearer {self.token.value}"} if self.token.value else None
         with self._errors(), _explicit_address():
-            from ray.job_submission import JobSubmissionClient
-
-            self.client = JobSubmissionClient(self.address, headers=headers)
+            self.client = _timed_client(self.address, headers, self.timeout_s)
 
     @contextmanager
     def _errors(self, job_id: str | None = None) -> Iterator[None]:
@@ -113,6 +193,10 @@ class Jobs:
             yield
         except AuthenticationError as e:
             raise JobsError(self._auth_message(str(e))) from None
+        except requests.exceptions.Timeout:   # before ConnectionError: ConnectTimeout is both
+            raise JobsError(f"the Ray job server at {self.address} did not answer within {self.timeout_s:g} s. Fix: "
+                            "check that --address is the dashboard port (default 8265) of a running Ray head; for a "
+                            f"slow server or a large upload raise --http-timeout (or {HTTP_TIMEOUT_ENV})") from None
         # The client raises builtin ConnectionError from its version check, requests' (not a subclass of
         # it) from later calls, and aiohttp's from the log stream.
         except (ConnectionError, requests.exceptions.ConnectionError, aiohttp.ClientConnectionError) as e:
@@ -199,6 +283,17 @@ class Jobs:
         return self.wait(job_id, TERMINAL)
 
 
+def _timed_client(address: str, headers: dict | None, timeout_s: float):
+    """Ray's JobSubmissionClient with a timeout on every HTTP request (it forwards kwargs to requests)."""
+    from ray.job_submission import JobSubmissionClient
+
+    class TimedClient(JobSubmissionClient):
+        def _do_request(self, method, endpoint, **kwargs):
+            return super()._do_request(method, endpoint, timeout=timeout_s, **kwargs)
+
+    return TimedClient(address, headers=headers)
+
+
 def exit_code(status: str) -> int:
     return 0 if status == "SUCCEEDED" else 1
 
@@ -230,35 +325,68 @@ def _inside(working_dir: Path, path: str) -> bool:
     return full.is_file() and full.is_relative_to(working_dir.resolve())
 
 
-def package_size(working_dir: Path, excludes: list[str]) -> tuple[int, int]:
-    """(bytes, files) of the package Ray would upload: same walk, ignore files and excludes as Ray's zip."""
+@dataclass
+class Package:
+    """What `raydl submit` uploads: Ray's own walk, ignore files and excludes, as `create_package` zips it."""
+
+    size: int = 0                  # bytes, an upper bound of the zip (ZIP_ENTRY_OVERHEAD per file)
+    files: int = 0
+    left_out: list[str] = field(default_factory=list)   # top-most paths the excludes and ignore files drop
+
+
+def scan_package(working_dir: Path, excludes: list[str]) -> Package:
+    """Walk the working dir exactly as Ray's zip does; refuse a symlink that would upload something outside it."""
     from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
 
     include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
-    totals = [0, 0]
+    root = working_dir.absolute()
+    kept: list[Path] = []
+    package = Package()
 
     def add(path: Path) -> None:
+        _refuse_outside_link(path, root)
+        kept.append(path)
         if path.is_file():
-            totals[0] += path.stat().st_size + ZIP_ENTRY_OVERHEAD + len(str(path))
-            totals[1] += 1
+            package.size += path.stat().st_size + ZIP_ENTRY_OVERHEAD + len(str(path))
+            package.files += 1
 
-    root = working_dir.absolute()
-    _dir_travel(root, [_get_excludes(root, excludes)], add, include_gitignore=include_gitignore)
-    return totals[0], totals[1]
+    # Ray logs "Issue with path" for an exception in the handler; raydl's own message says it all.
+    quiet = logging.getLogger("raydl.jobs.package")
+    quiet.disabled = True
+    _dir_travel(root, [_get_excludes(root, excludes)], add, include_gitignore=include_gitignore, logger=quiet)
+    kept_set = set(kept)
+    dropped = [child for d in kept if d.is_dir() for child in d.iterdir() if child not in kept_set]
+    package.left_out = sorted((str(p.relative_to(root)) for p in dropped), key=lambda n: (n.count("/"), n))
+    return package
 
 
-def check_package_size(working_dir: Path, excludes: list[str]) -> int:
-    """Fail before zipping/uploading when the package cannot fit into Ray's GCS store."""
+def _refuse_outside_link(path: Path, root: Path) -> None:
+    # Ray's zip follows links: a link to ~/.ssh would upload the keys, one to / the whole disk.
+    if path.is_symlink() and path.exists() and not path.resolve().is_relative_to(root.resolve()):
+        raise JobsError(f"--working-dir {root} holds the symlink {path.relative_to(root)} -> {path.resolve()}, which "
+                        "leaves the working dir: Ray would upload what it points to. Fix: remove the link, copy what "
+                        "the job needs into the working dir, or --exclude the link")
+
+
+def check_package(working_dir: Path, excludes: list[str]) -> Package:
+    """Fail before zipping/uploading when the package cannot fit into Ray's GCS store or would leak files."""
     from ray._private.runtime_env import packaging
 
-    size, files = package_size(working_dir, excludes)
+    package = scan_package(working_dir, excludes)
     limit = packaging.GCS_STORAGE_MAX_SIZE
-    if size >= limit:
-        raise JobsError(f"--working-dir {working_dir} would upload {size / 2**20:.1f} MiB in {files} files, over "
-                        f"Ray's limit of {limit / 2**20:.1f} MiB per package. Fix: list big files or folders "
-                        "(datasets, checkpoints, outputs) in .rayignore or .gitignore there, or pass --exclude; "
+    if package.size >= limit:
+        raise JobsError(f"--working-dir {working_dir} would upload {package.size / 2**20:.1f} MiB in {package.files} "
+                        f"files, over Ray's limit of {limit / 2**20:.1f} MiB per package. Fix: list big files or "
+                        "folders (datasets, checkpoints, outputs) in .rayignore or .gitignore there, or pass --exclude; "
                         "put data on shared storage (s3://, gs://, NFS) and point data.path at it")
-    return size
+    return package
+
+
+def left_out_summary(package: Package) -> str:
+    names = package.left_out[:LEFT_OUT_SHOWN]
+    more = ", ..." if len(package.left_out) > LEFT_OUT_SHOWN else ""
+    return (f"left out of the upload: {len(package.left_out)} paths ({', '.join(names)}{more}); "
+            "--include PATTERN uploads one anyway")
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -271,8 +399,11 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def runtime_env(working_dir: Path, *, env: dict[str, str], excludes: list[str], pip: str | None) -> dict:
-    renv = {"working_dir": str(working_dir), "excludes": DEFAULT_EXCLUDES + excludes, "env_vars": env}
+def runtime_env(working_dir: Path, *, env: dict[str, str], excludes: list[str], pip: str | None,
+                includes: list[str] = ()) -> dict:
+    """--include re-admits what raydl leaves out by default (a gitignore `!pattern`); --exclude still wins."""
+    patterns = DEFAULT_EXCLUDES + SECRET_EXCLUDES + [f"!{p}" for p in includes] + excludes
+    renv = {"working_dir": str(working_dir), "excludes": patterns, "env_vars": env}
     if pip:
         if not Path(pip).is_file():
             raise JobsError(f"--pip {pip} is not a file. Fix: pass a requirements.txt path")

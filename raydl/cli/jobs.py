@@ -12,7 +12,7 @@ import argparse
 import datetime as dt
 
 from raydl import jobs
-from raydl.cli.submit import add_connection_args, say
+from raydl.cli.submit import add_connection_args, connect, say
 
 
 def register(sub) -> None:
@@ -37,7 +37,7 @@ def _time(ms: int | None) -> str:
 
 
 def run_list(args) -> int:
-    rows = sorted(jobs.Jobs(args.address, args.token_file).list(), key=lambda j: j.start_time or 0)
+    rows = sorted(connect(args).list(), key=lambda j: j.start_time or 0)
     print(f"{'ID':<28} {'STATUS':<10} {'STARTED':<19}  ENTRYPOINT")
     for j in rows:
         print(f"{j.submission_id or j.job_id:<28} {j.status.value:<10} {_time(j.start_time):<19}  {j.entrypoint}")
@@ -45,7 +45,7 @@ def run_list(args) -> int:
 
 
 def run_status(args) -> int:
-    info = jobs.Jobs(args.address, args.token_file).info(args.job_id)
+    info = connect(args).info(args.job_id)
     status = info.status.value
     print(f"{args.job_id}: {status}\n  entrypoint: {info.entrypoint}\n  started: {_time(info.start_time)}"
           f"  ended: {_time(info.end_time)}\n  message: {info.message or '-'}")
@@ -53,7 +53,7 @@ def run_status(args) -> int:
 
 
 def run_logs(args) -> int:
-    client = jobs.Jobs(args.address, args.token_file)
+    client = connect(args)
     if args.follow:
         status = client.follow(args.job_id)
         say(f"job {args.job_id} {status}")
@@ -63,7 +63,7 @@ def run_logs(args) -> int:
 
 
 def run_stop(args) -> int:
-    client = jobs.Jobs(args.address, args.token_file)
+    client = connect(args)
     status = client.status(args.job_id)
     if status in jobs.TERMINAL:
         say(f"job {args.job_id} already {status}; nothing to stop")

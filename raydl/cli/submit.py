@@ -1,10 +1,13 @@
 """raydl submit: run `raydl train|sweep ...` as a Ray job on a cluster (Ray Job Submission API).
 
     raydl submit --address http://HEAD:8265 [--token-file F] [--working-dir .] [--env K=V] [--pip req.txt]
-                 [--follow | --no-wait] -- train --config jobs/configs/gpt-small.yaml [--set k=v ...]
+                 [--include PATTERN] [--follow | --no-wait] -- train --config jobs/configs/gpt-small.yaml [--set k=v ...]
 
 The working directory (the raydl checkout) is zipped and uploaded; the job runs `python jobs/train.py ...`
-in it, so code and configs on the cluster are exactly what you have locally. Prints the job id on stdout.
+in it, so code and configs on the cluster are exactly what you have locally. Secrets never go with it:
+.env*, .ray/ (Ray's auth token), *.pem, *.key, .netrc and *token* files (not *token*.py code) are left out,
+as are .gitignore/.rayignore entries; one line on stderr says what was left out. A symlink that leads out
+of the working dir is an error. Prints the job id on stdout.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
                    f"RAY_API_SERVER_ADDRESS, an http RAY_ADDRESS, else {jobs.DEFAULT_ADDRESS}.")
     p.add_argument("--token-file", help="File holding the cluster's auth token; default: RAY_AUTH_TOKEN, "
                    "RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token.")
+    p.add_argument("--http-timeout", metavar="SECONDS", help="Longest wait for the job server to answer one "
+                   f"request; default: {jobs.HTTP_TIMEOUT_ENV}, else {jobs.DEFAULT_HTTP_TIMEOUT_S:g}.")
+    p.add_argument("--insecure", action="store_true", help="Send the auth token over plain http to a non-loopback "
+                   "address (in clear text on the network); without it raydl refuses.")
+
+
+def connect(args) -> jobs.Jobs:
+    return jobs.Jobs(args.address, args.token_file, timeout_s=args.http_timeout, insecure=args.insecure)
 
 
 def register(sub) -> None:
@@ -29,9 +40,13 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(p)
     p.add_argument("--working-dir", default=".", help="Directory to upload (the raydl checkout); .gitignore, "
-                   ".rayignore and --exclude apply, and runs/, .venv/, .git/, .raydl_data/ are never uploaded.")
+                   ".rayignore and --exclude apply, and runs/, .venv/, .git/, .raydl_data/ and secrets are left out.")
     p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                    help="Extra gitignore-style pattern not to upload; repeatable.")
+    p.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="Upload paths matching this gitignore-style pattern although raydl leaves them out by "
+                   "default (name the left-out path itself, e.g. .env.example); repeatable. .gitignore and "
+                   ".rayignore entries and --exclude still apply.")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="Env var for the job and its workers; repeatable. OMP_NUM_THREADS and ONEDNN_MAX_CPU_ISA "
                    "are passed through when set here.")
@@ -50,12 +65,14 @@ def run(args) -> int:
     entry = jobs.entrypoint(command)
     working_dir = Path(args.working_dir).resolve()
     jobs.check_working_dir(working_dir, command)
-    renv = jobs.runtime_env(working_dir, env=jobs.parse_env(args.env), excludes=args.exclude, pip=args.pip)
-    size = jobs.check_package_size(working_dir, renv["excludes"])
-    client = jobs.Jobs(args.address, args.token_file)
+    renv = jobs.runtime_env(working_dir, env=jobs.parse_env(args.env), excludes=args.exclude, pip=args.pip,
+                            includes=args.include)
+    package = jobs.check_package(working_dir, renv["excludes"])
+    say(jobs.left_out_summary(package))
+    client = connect(args)
     t0 = time.monotonic()
     job_id = client.submit(entry, renv, metadata={"raydl_command": command[0]})
-    say(f"submitted {job_id} to {client.address} ({size / 2**20:.1f} MiB uploaded in {time.monotonic() - t0:.1f} s): "
+    say(f"submitted {job_id} to {client.address} ({package.size / 2**20:.1f} MiB uploaded in {time.monotonic() - t0:.1f} s): "
         f"{entry}")
     print(job_id, flush=True)
     if args.no_wait:

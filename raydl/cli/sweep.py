@@ -53,7 +53,9 @@ def run(args) -> int:
         spec = parse_sweep(read_yaml(args.config), base_dir=Path(args.config).parent, overrides=args.overrides)
         summary = run_sweep(spec, address=args.address)
     else:
-        spec = parse_sweep(default_sweep(gpu=_has_gpu(args.address)), overrides=args.overrides)
+        spec = parse_sweep(default_sweep(gpu=False), overrides=args.overrides)   # bad --set fails before Ray starts
+        if _has_gpu(args.address):
+            spec = parse_sweep(default_sweep(gpu=True), overrides=args.overrides)
         summary = run_sweep(spec, address=args.address)
     interrupted = summary["not_started"] or any(r["status"] == "unfinished" for r in summary["trials"])
     return 130 if interrupted else 0

@@ -72,25 +72,28 @@ def time_to_target(records: list[dict[str, Any]], final_eval: float | None, *, t
 
 def trial_metrics(records: list[dict[str, Any]], final: dict[str, Any] | None, *, target: float | None,
                   target_metric: str) -> dict[str, Any]:
-    """Flat scalars for Tune and the table. Before the end, eval_loss is the latest periodic eval (nan if none)."""
+    """Flat scalars for Tune and the table. Before the end, eval_loss is the latest periodic eval.
+
+    A value that is not known yet (no eval so far, target not reached, no accuracy for this task) or
+    not finite is left out, not sent as nan/inf: Tune's TensorBoard logger warns on every one ("NaN or
+    Inf found in input tensor"), and ASHA skips a result without its metric until the metric exists.
+    """
     steady = records[len(records) // 5:] or records
     evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
     eval_info = (final or {}).get("eval", {})
-    eval_loss = eval_info.get("loss", evals[-1] if evals else math.nan)
-    ttt = time_to_target(records, eval_info.get("loss"), target=target, metric=target_metric)
-    return {
+    metrics = {
         "step": records[-1]["step"] if records else 0,
         "samples": sum(r["samples"] for r in records),
-        "loss": statistics.fmean(r["loss"] for r in records[-LOSS_WINDOW:]) if records else math.nan,
+        "loss": statistics.fmean(r["loss"] for r in records[-LOSS_WINDOW:]) if records else None,
         "samples_per_s": statistics.median(r["samples_per_s"] for r in steady) if records else 0.0,
         "peak_memory_mb": max((r["peak_memory_mb"] for r in records), default=0.0),
         "train_s": train_seconds(records)[-1] if records else 0.0,
-        "eval_loss": eval_loss,
-        "eval_accuracy": eval_info.get("accuracy", math.nan),
-        # inf until reached: Tune needs a number in every result, and inf never wins a "min".
-        "time_to_target_s": math.inf if ttt is None else ttt,
+        "eval_loss": eval_info.get("loss", evals[-1] if evals else None),
+        "eval_accuracy": eval_info.get("accuracy"),
+        "time_to_target_s": time_to_target(records, eval_info.get("loss"), target=target, metric=target_metric),
         "final": final is not None,
     }
+    return {k: v for k, v in metrics.items() if _finite(v)}
 
 
 _ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Interrupt))\b:?\s*(.*)")

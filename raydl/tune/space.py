@@ -38,6 +38,8 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 TARGET_METRICS = ("train_loss", "eval_loss")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint")
 _CALL = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.S)
+# The sweep directory is runs_dir/<name>-<time>: a name with '/' or '..' would put it anywhere.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A grid larger than this is almost surely a typo (and would take days on one machine).
 MAX_GRID = 1000
 
@@ -70,8 +72,11 @@ class Dim:
 
 @dataclass(kw_only=True)
 class AshaSpec:
-    grace_samples: int = 0           # 0 = an eighth of the sample budget
+    grace_samples: int | None = None   # None = an eighth of the sample budget
     reduction_factor: int = 2
+
+    def grace(self, budget: int) -> int:
+        return self.grace_samples or max(1, budget // 8)
 
 
 @dataclass(kw_only=True)
@@ -169,8 +174,9 @@ def _range_dim(path: str, kind: str, raw: str, args, tp) -> Dim:
                           f"does not fit it", "use randint(a, b) for integers, uniform/loguniform(a, b) for floats, "
                           "a list or choice([...]) for anything")
     nums = [coerce(f"space.{path}", a, want) for a in args] if isinstance(args, list) and len(args) == 2 else None
-    if nums is None or not nums[0] < nums[1] or (kind == "loguniform" and nums[0] <= 0):
-        need = "0 < a < b" if kind == "loguniform" else "a < b"
+    if (nums is None or not all(map(math.isfinite, nums)) or not nums[0] < nums[1]
+            or (kind == "loguniform" and nums[0] <= 0)):
+        need = "finite 0 < a < b" if kind == "loguniform" else "finite a < b"
         raise ConfigError(f"space.{path}", f"has {raw!r}", f"write {kind}(a, b) with {need}")
     return Dim(path, kind, low=nums[0], high=nums[1])
 
@@ -194,8 +200,8 @@ def parse_sweep(data: dict[str, Any], *, base_dir: Path = Path("."), overrides: 
     base = apply_overrides(base, list(overrides))
     space = data.get("space") or {}
     if not isinstance(space, dict) or not space:
-        raise ConfigError("space", "is empty", "give at least one key to search, e.g. "
-                          "space: {train.global_batch_size: [64, 128]}")
+        raise ConfigError("space", "is empty" if not space else f"is a {type(space).__name__}, not a mapping",
+                          "give at least one key to search, e.g. space: {train.global_batch_size: [64, 128]}")
     asha = data.get("asha")
     spec = SweepSpec(
         name=str(data.get("name", "sweep")), base=base, space={p: parse_dim(p, v) for p, v in space.items()},
@@ -219,7 +225,7 @@ def _asha(raw: Any) -> AshaSpec:
         return AshaSpec()
     if not isinstance(raw, dict) or set(raw) - {"grace_samples", "reduction_factor"}:
         raise ConfigError("asha", f"is {raw!r}", "write asha: true, or asha: {grace_samples: N, reduction_factor: 2}")
-    return AshaSpec(**{k: coerce(f"asha.{k}", v, int) for k, v in raw.items()})
+    return AshaSpec(**{k: coerce(f"asha.{k}", v, int) for k, v in raw.items() if v is not None})
 
 
 def _one_of(key: str, value: str, options) -> None:
@@ -229,16 +235,14 @@ def _one_of(key: str, value: str, options) -> None:
 
 def check_sweep(spec: SweepSpec) -> None:
     """Everything checkable before a trial starts; every grid point's config must build."""
+    if not _NAME.fullmatch(spec.name):
+        raise ConfigError("name", f"is {spec.name!r}, which cannot name the sweep directory",
+                          "use letters, digits, '.', '_' and '-' only (at most 64), starting with a letter or digit")
     _one_of("objective", spec.objective, tuple(OBJECTIVES))
     _one_of("lr_scaling", spec.lr_scaling, LR_SCALINGS)
     _one_of("target_metric", spec.target_metric, TARGET_METRICS)
     _one_of("micro_batch", spec.micro_batch, ("per_worker", "config"))
-    if spec.objective == "time_to_target" and spec.target_loss is None:
-        raise ConfigError("target_loss", "is missing; the time_to_target objective needs it",
-                          "set target_loss: <loss to reach>, or pick objective: eval_loss or samples_per_s")
-    if spec.objective != "time_to_target" and spec.target_loss is not None:
-        raise ConfigError("target_loss", f"is set but the objective is {spec.objective}, which ignores it",
-                          "remove target_loss, or set objective: time_to_target")
+    _check_target(spec)
     base = spec.base_config()
     if spec.target_metric == "eval_loss" and not base.train.eval_every:
         raise ConfigError("target_metric", "is eval_loss but base train.eval_every is 0 (evaluation only at the end)",
@@ -246,11 +250,36 @@ def check_sweep(spec: SweepSpec) -> None:
     if spec.sample_budget and "train.max_steps" in spec.space:
         raise ConfigError("sample_budget", "and a searched train.max_steps both set the length of a trial",
                           "keep only one of them")
-    for key in ("num_samples", "sample_budget", "max_concurrent_trials"):
-        if getattr(spec, key) < (1 if key == "num_samples" else 0):
-            raise ConfigError(key, f"is {getattr(spec, key)}", "use a positive number")
+    for key, least in (("num_samples", 1), ("sample_budget", 0), ("max_concurrent_trials", 0)):
+        if getattr(spec, key) < least:
+            raise ConfigError(key, f"is {getattr(spec, key)}", f"use a whole number >= {least}")
+    if spec.asha:
+        _check_asha(spec.asha, spec.budget())
     for params in probe_points(spec):
         trial_config(spec, params, where=f"trial {params}")
+
+
+def _check_target(spec: SweepSpec) -> None:
+    if spec.objective == "time_to_target" and spec.target_loss is None:
+        raise ConfigError("target_loss", "is missing; the time_to_target objective needs it",
+                          "set target_loss: <loss to reach>, or pick objective: eval_loss or samples_per_s")
+    if spec.objective != "time_to_target" and spec.target_loss is not None:
+        raise ConfigError("target_loss", f"is set but the objective is {spec.objective}, which ignores it",
+                          "remove target_loss, or set objective: time_to_target")
+    if spec.target_loss is not None and not math.isfinite(spec.target_loss):
+        raise ConfigError("target_loss", f"is {spec.target_loss}, which no loss ever reaches",
+                          "set a finite loss, e.g. target_loss: 1.8")
+
+
+def _check_asha(asha: AshaSpec, budget: int) -> None:
+    """What Ray's ASHAScheduler asserts (async_hyperband.py), said before Ray starts."""
+    if asha.reduction_factor < 2:
+        raise ConfigError("asha.reduction_factor", f"is {asha.reduction_factor}; ASHA keeps 1/reduction_factor of "
+                          "the trials at each rung, so it must be >= 2", "use 2 (halving) or 3")
+    if asha.grace_samples is not None and not 1 <= asha.grace_samples <= budget:
+        raise ConfigError("asha.grace_samples", f"is {asha.grace_samples}, outside 1..{budget} (the samples each "
+                          "trial sees)", f"use a number of samples between 1 and {budget}, or leave it out "
+                          f"(default {AshaSpec().grace(budget)}, an eighth of the budget)")
 
 
 def probe_points(spec: SweepSpec):

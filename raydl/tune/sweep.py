@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -232,9 +234,26 @@ def num_trials(spec: SweepSpec) -> int:
     return grid * spec.num_samples
 
 
+@contextmanager
+def _results_may_lack_metrics():
+    """Trial results leave out metrics not known yet (report.trial_metrics). ASHA skips such a result
+    (async_hyperband.py::on_trial_result); Tune's strict check in the driver would stop the sweep instead."""
+    key = "TUNE_DISABLE_STRICT_METRIC_CHECKING"
+    saved = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key)
+        else:
+            os.environ[key] = saved
+
+
 def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
     t0 = time.time()
-    grid = tuner.fit()
+    with _results_may_lack_metrics():
+        grid = tuner.fit()
     completed_file = sweep_dir / COMPLETED_FILE
     completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
     rows = sorted((trial_row(spec, sweep_dir, r, completed) for r in grid), key=lambda r: r["trial"])

@@ -7,6 +7,10 @@ tests/ray/test_jobs_submit.py.
 from __future__ import annotations
 
 import socket
+import threading
+import time
+import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,6 +71,112 @@ def test_address_resolution(clean_env, monkeypatch):
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://10.0.0.6:8265")
     assert jobs.resolve_address(None) == "http://10.0.0.6:8265"
     assert jobs.resolve_address("10.0.0.7:8265") == "http://10.0.0.7:8265"   # --address wins, http by default
+    assert jobs.resolve_address("https://[::1]:8443/proxy") == "https://[::1]:8443/proxy"
+
+
+@pytest.mark.parametrize("given, problem", [
+    ("http://exa mple:notaport", "Port could not be cast to integer value as 'notaport'"),
+    ("http://exa mple:8265", "'exa mple' is not a host name"),
+    ("ftp://x", "the scheme is 'ftp', not http or https"),
+    (":::", "Port could not be cast"),
+    ("http://h:70000", "Port out of range"),
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("http://:8265", "it names no host"),
+])
+def test_malformed_addresses_are_named_with_the_problem(clean_env, given, problem):
+    with pytest.raises(jobs.JobsError) as e:
+        jobs.resolve_address(given)
+    assert f"address '{given}' (from --address) is not a usable URL: {problem}" in str(e.value)
+
+
+def test_malformed_address_from_the_environment_names_the_variable(clean_env, monkeypatch):
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://bad host:8265")
+    with pytest.raises(jobs.JobsError, match="'http://bad host:8265' \\(from RAY_API_SERVER_ADDRESS\\)"):
+        jobs.resolve_address(None)
+
+
+@pytest.mark.parametrize("url, token, insecure, allowed", [
+    ("http://127.0.0.1:8265", "t", False, True),
+    ("http://127.8.9.10:8265", "t", False, True),          # all of 127.0.0.0/8 is loopback
+    ("http://localhost:8265", "t", False, True),
+    ("http://[::1]:8265", "t", False, True),
+    ("https://10.0.0.5:8265", "t", False, True),           # encrypted
+    ("http://10.0.0.5:8265", None, False, True),           # nothing secret to send
+    ("http://10.0.0.5:8265", "t", True, True),             # the user said the network is trusted
+    ("http://10.0.0.5:8265", "t", False, False),
+    ("http://ray-head.example.com:8265", "t", False, False),
+    ("http://[2001:db8::1]:8265", "t", False, False),
+    ("http://0.0.0.0:8265", "t", False, False),
+    ("http://localhost.example.com:8265", "t", False, False),
+])
+def test_token_goes_over_plain_http_only_to_loopback(url, token, insecure, allowed):
+    check = lambda: jobs.check_token_transport(url, jobs.Token(token, "RAY_AUTH_TOKEN"), insecure)
+    if allowed:
+        check()
+    else:
+        with pytest.raises(jobs.JobsError, match="token would cross the network in clear text.*--insecure"):
+            check()
+
+
+@pytest.mark.parametrize("flag, env, expected", [(None, None, 30.0), ("2.5", None, 2.5), (None, "7", 7.0),
+                                                 ("3", "7", 3.0)])
+def test_http_timeout_flag_env_and_default(clean_env, monkeypatch, flag, env, expected):
+    if env is not None:
+        monkeypatch.setenv(jobs.HTTP_TIMEOUT_ENV, env)
+    assert jobs.http_timeout(flag) == expected
+
+
+@contextmanager
+def silent_server():
+    """A real TCP server on loopback that accepts every connection and never answers."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)   # accept() wakes up to see `stop`
+    stop, held = threading.Event(), []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", held
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+def call_main_with_deadline(argv: list[str], deadline_s: float) -> tuple[int | None, float]:
+    """Run the CLI in a thread: a hang shows as rc None after the deadline instead of a hung test run."""
+    result = {}
+    t0 = time.monotonic()
+    caller = threading.Thread(target=lambda: result.update(rc=main(argv)), daemon=True)
+    caller.start()
+    caller.join(timeout=deadline_s)
+    return result.get("rc"), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_server_that_never_answers_times_out_naming_the_address(clean_env, monkeypatch, capsys, how):
+    with silent_server() as (url, held):
+        argv = ["jobs", "status", "raysubmit_x", "--address", url]
+        if how == "flag":
+            argv += ["--http-timeout", "0.5"]
+        else:
+            monkeypatch.setenv(jobs.HTTP_TIMEOUT_ENV, "0.5")
+        rc, took = call_main_with_deadline(argv, deadline_s=30)
+        assert held, "the CLI never connected to the test server"
+    assert rc == 2, "raydl hung on a server that accepts and never answers" if rc is None else rc
+    assert 0.5 <= took < 15
+    err = capsys.readouterr().err
+    assert f"the Ray job server at {url} did not answer within 0.5 s" in err and "--http-timeout" in err
+    assert "Traceback" not in err
 
 
 def test_entrypoints():
@@ -113,19 +223,91 @@ def _mini_checkout(root: Path) -> Path:
 
 def test_package_size_follows_ray_ignore_rules(tmp_path):
     wd = _mini_checkout(tmp_path / "wd")
-    base, _ = jobs.package_size(wd, jobs.DEFAULT_EXCLUDES)
+    excludes = jobs.runtime_env(wd, env={}, excludes=[], pip=None)["excludes"]
+    base = jobs.scan_package(wd, excludes).size
     for name in ("runs/big.bin", ".git/objects/pack.bin", "ignored/big.bin", "rayignored.bin", "kept.bin"):
         (wd / name).parent.mkdir(parents=True, exist_ok=True)
         (wd / name).write_bytes(b"x" * 100_000)
     (wd / ".gitignore").write_text("ignored/\n")
     (wd / ".rayignore").write_text("rayignored.bin\n")
-    size, files = jobs.package_size(wd, jobs.DEFAULT_EXCLUDES)
+    package = jobs.scan_package(wd, excludes)
     # only kept.bin and the two ignore files are new (each file also costs a zip header)
-    assert files == 4 and 100_000 < size - base < 101_000
+    assert package.files == 4 and 100_000 < package.size - base < 101_000
+    # Ray matches "ignored/" against the files below it, not the folder itself ("ignored" has no slash)
+    assert package.left_out == [".git", "rayignored.bin", "runs", "ignored/big.bin"]
     # The estimate is an upper bound of the zip Ray itself builds from the same directory.
     zip_path = tmp_path / "pkg.zip"
-    create_package(str(wd), zip_path, include_gitignore=True, excludes=jobs.DEFAULT_EXCLUDES)
-    assert 0 <= size - zip_path.stat().st_size < files * jobs.ZIP_ENTRY_OVERHEAD + 1000
+    create_package(str(wd), zip_path, include_gitignore=True, excludes=excludes)
+    assert 0 <= package.size - zip_path.stat().st_size < package.files * jobs.ZIP_ENTRY_OVERHEAD + 1000
+
+
+SECRETS = [".env", ".env.production", ".ray/auth_token", "deploy.pem", "tls/server.key", "hf_token.txt",
+           "secrets/github_token", ".netrc", ".git/config"]
+
+
+def _checkout_with_secrets(root: Path) -> Path:
+    wd = _mini_checkout(root)
+    for name in [*SECRETS, "raydl/data/tokenizer.py", ".env.example", "notes/local.txt", "README.md"]:
+        (wd / name).parent.mkdir(parents=True, exist_ok=True)
+        (wd / name).write_text(f"content of {name}\n")
+    (wd / ".gitignore").write_text("notes/\n")
+    return wd
+
+
+def _ray_zip(wd: Path, renv: dict, out: Path) -> set[str]:
+    """The zip `raydl submit` makes Ray upload: Ray's create_package with the runtime_env's excludes."""
+    create_package(renv["working_dir"], out, include_gitignore=True, excludes=renv["excludes"])
+    with zipfile.ZipFile(out) as z:
+        return {n for n in z.namelist() if not n.endswith("/")}
+
+
+def test_secrets_are_left_out_of_the_package_ray_builds(tmp_path):
+    wd = _checkout_with_secrets(tmp_path / "wd")
+    renv = jobs.runtime_env(wd, env={}, excludes=[], pip=None)
+    uploaded = _ray_zip(wd, renv, tmp_path / "pkg.zip")
+    assert uploaded == {"jobs/train.py", "raydl/data/tokenizer.py", "README.md", ".gitignore"}
+    package = jobs.scan_package(wd, renv["excludes"])
+    assert package.files == len(uploaded)
+    assert package.left_out == [".env", ".env.example", ".env.production", ".git", ".netrc", ".ray", "deploy.pem",
+                                "hf_token.txt", "notes/local.txt", "secrets/github_token", "tls/server.key"]
+
+
+def test_include_uploads_a_default_exclusion_but_not_the_rest(tmp_path):
+    wd = _checkout_with_secrets(tmp_path / "wd")
+    renv = jobs.runtime_env(wd, env={}, excludes=["README.md"], pip=None, includes=[".env.example", "README.md"])
+    uploaded = _ray_zip(wd, renv, tmp_path / "pkg.zip")
+    assert uploaded == {"jobs/train.py", "raydl/data/tokenizer.py", ".gitignore", ".env.example"}   # --exclude wins
+
+
+def test_submit_prints_what_it_left_out_in_one_line(tmp_path, capsys):
+    wd = _checkout_with_secrets(tmp_path / "wd")
+    # The package is checked before connecting; port 1 then refuses the connection (exit 2).
+    assert main(["submit", "--address", "http://127.0.0.1:1", "--working-dir", str(wd), "--", "train"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "left out of the upload" in ln]
+    assert lines == ["[raydl] left out of the upload: 11 paths (.env, .env.example, .env.production, .git, .netrc, "
+                     "...); --include PATTERN uploads one anyway"]
+
+
+def test_symlinks_inside_the_working_dir_are_fine(tmp_path):
+    wd = _mini_checkout(tmp_path / "wd")
+    (wd / "configs").mkdir()
+    (wd / "configs" / "a.yaml").write_text("train: {max_steps: 1}\n")
+    (wd / "latest.yaml").symlink_to(wd / "configs" / "a.yaml")
+    (wd / "cfg").symlink_to("configs")
+    (wd / "dangling").symlink_to(tmp_path / "nowhere")      # uploads nothing: Ray skips it too
+    assert jobs.scan_package(wd, jobs.DEFAULT_EXCLUDES).files == 4
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_symlink_out_of_the_working_dir_is_refused_unless_excluded(tmp_path, kind):
+    wd = _mini_checkout(tmp_path / "wd")
+    target = tmp_path / "home" / ".ssh"
+    target.mkdir(parents=True)
+    (target / "id_ed25519").write_text("PRIVATE KEY")
+    (wd / "keys").symlink_to(target if kind == "dir" else target / "id_ed25519")
+    with pytest.raises(jobs.JobsError, match=f"symlink keys -> {target}"):
+        jobs.scan_package(wd, jobs.DEFAULT_EXCLUDES)
+    assert jobs.scan_package(wd, [*jobs.DEFAULT_EXCLUDES, "keys"]).left_out == ["keys"]
 
 
 def test_working_dir_over_ray_limit_exit_2(tmp_path, monkeypatch, capsys):

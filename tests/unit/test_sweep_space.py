@@ -49,6 +49,9 @@ def test_dims_of_every_kind_become_tune_domains():
     ("train.lr", "uniform(1e-3, 1e-4)", ["a < b"]),
     ("train.lr", "normal(0, 1)", ["'normal(...)', which is not a distribution"]),
     ("train.precision", "choice([])", ["choice([a, b, ...])"]),
+    ("train.lr", "uniform(1e-4, .inf)", ["finite a < b"]),
+    ("train.lr", "loguniform(1e-4, inf)", ["finite 0 < a < b"]),
+    ("train.warmup_steps", "randint(5, 5)", ["randint(5, 5)", "a < b"]),
 ])
 def test_bad_space_entries_name_the_key_and_the_fix(path, raw, words):
     with pytest.raises(ConfigError) as e:
@@ -67,6 +70,19 @@ def test_bad_space_entries_name_the_key_and_the_fix(path, raw, words):
     ({"lr_scaling": "cubic"}, ["'lr_scaling' is 'cubic'"]),
     ({"spaces": {}}, ["'spaces' is not a sweep setting"]),
     ({"asha": {"grace": 3}}, ["'asha' is"]),
+    ({"asha": {"reduction_factor": 1}}, ["'asha.reduction_factor' is 1", "must be >= 2"]),
+    ({"asha": {"reduction_factor": -2}}, ["'asha.reduction_factor' is -2"]),
+    ({"asha": {"grace_samples": 0}}, ["'asha.grace_samples' is 0, outside 1..32000"]),
+    ({"asha": {"grace_samples": -64}}, ["'asha.grace_samples' is -64"]),
+    ({"asha": {"grace_samples": 32001}}, ["'asha.grace_samples' is 32001, outside 1..32000", "default 4000"]),
+    ({"objective": "time_to_target", "target_loss": float("nan")}, ["'target_loss' is nan", "finite"]),
+    ({"objective": "time_to_target", "target_loss": "-inf"}, ["'target_loss' is -inf"]),
+    ({"num_samples": 0}, ["'num_samples' is 0", ">= 1"]),
+    ({"max_concurrent_trials": -1}, ["'max_concurrent_trials' is -1", ">= 0"]),
+    ({"space": ["train.lr"]}, ["'space' is a list, not a mapping"]),
+    ({"name": "../../etc"}, ["'name' is '../../etc'", "cannot name the sweep directory"]),
+    ({"name": "a/b"}, ["'name' is 'a/b'"]),
+    ({"base": {"train": {"max_step": 10}}}, ["'train.max_step' is not a config field"]),
     ({"sample_budget": 100, "space": {"train.max_steps": [10, 20]}}, ["sample_budget"]),
     # 48 is not a multiple of the micro-batch 32 once the sweep keeps the config's micro-batch
     ({"micro_batch": "config", "space": {"train.global_batch_size": [32, 48]}},
@@ -144,3 +160,11 @@ def test_asha_stops_on_samples_seen_so_batch_sizes_compare_fairly():
     assert asha._max_t == 6400 and asha._reduction_factor == 3
     with_eval = parse_sweep(sweep(asha=True, base={"train": {"eval_every": 20}}))
     assert _asha(with_eval).metric == "eval_loss" and _asha(parse_sweep(sweep())) is None
+    assert with_eval.asha.grace(with_eval.budget()) == 32000 // 8   # default: 1000 steps x 32
+
+
+@pytest.mark.parametrize("asha", [{"reduction_factor": 2}, {"grace_samples": 1}, {"grace_samples": 6400}])
+def test_every_asha_setting_parse_sweep_accepts_builds_the_scheduler(asha):
+    from raydl.tune.sweep import _asha
+
+    _asha(parse_sweep(sweep(asha=asha, base={"train": {"max_steps": 100}})))   # ASHAScheduler asserts the rest
