@@ -135,6 +135,22 @@ class TelemetrySection:
 
 
 @dataclass(kw_only=True)
+class DebugSection:
+    """Test hooks of the data loader (raydl.data.ledger); off by default, and then they cost nothing."""
+    ledger_dir: str = _f("", "Write the sample ids each rank hands to training to <dir>/ledger-<pid>-dp<rank>.jsonl, "
+                         "for exactly-once tests; empty = off. A directory every worker can write (local runs).")
+    fail_at_step: int = _f(-1, "The first rank to reach this global step raises, once per debug.ledger_dir (a "
+                           "marker file there), to test restarts; -1 = off.")
+
+    def __post_init__(self) -> None:
+        if self.fail_at_step != -1 and self.fail_at_step < 1:
+            raise ConfigError("debug.fail_at_step", f"is {self.fail_at_step}", "use -1 (off) or a step >= 1")
+        if self.fail_at_step != -1 and not self.ledger_dir:
+            raise ConfigError("debug.fail_at_step", "needs debug.ledger_dir, where the failure marks that it "
+                              "happened (it fires once)", "set --set debug.ledger_dir=DIR as well")
+
+
+@dataclass(kw_only=True)
 class JobConfig:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -144,6 +160,7 @@ class JobConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
     telemetry: TelemetrySection = field(default_factory=TelemetrySection)
+    debug: DebugSection = field(default_factory=DebugSection)
 
     def __post_init__(self) -> None:
         validate(self)

@@ -14,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 VOCAB = "0123456789+="
-PAD = len(VOCAB)            # token id used for padding; vocab_size rounds up to 16
 DIGITS = 2
-TOKENS_META = {"task": "tokens", "vocab_size": 16, "seq_len": 3 * DIGITS + 3}
+TOKENS_META = {"task": "tokens", "vocab_size": 16, "seq_len": 3 * DIGITS + 3}   # 12 symbols, rounded up to 16
 SHAPES = ("disc", "square", "cross", "stripes")
 IMAGES_META = {"task": "images", "num_classes": len(SHAPES), "image_shape": [3, 32, 32]}
 

@@ -1,14 +1,16 @@
-"""Test hook: a ledger of the sample ids each rank consumes, and a one-time injected failure.
+"""Test hooks of the `debug` config section: a ledger of the sample ids each rank consumes, and a
+one-time injected failure.
 
-    RAYDL_LEDGER_DIR=DIR       every loader appends to DIR/ledger-<pid>-dp<rank>.jsonl: a header line
-                               {"start": {epoch, offset}, "t": time} and then, per step handed to
-                               training, {"epoch", "offset" (position after the step), "ids"}.
-    RAYDL_FAIL_AT_STEP=K       (with RAYDL_LEDGER_DIR) the first rank to reach global step K raises,
-                               once per ledger dir (a marker file), to test restarts.
+    debug.ledger_dir=DIR     every loader appends to DIR/ledger-<pid>-dp<rank>.jsonl: a header line
+                             {"start": {epoch, offset}, "t", "dp_rank", "dp_size"} and then, per step
+                             handed to training, {"epoch", "offset" (position after the step), "ids"}.
+    debug.fail_at_step=K     the first rank to reach global step K raises, once per ledger dir (a
+                             marker file), to test restarts.
 
-Off (no cost) unless RAYDL_LEDGER_DIR is set. The exactly-once tests in tests/*/test_data_ledger*.py
-read these files: a step counts as consumed when it is at or before the checkpoint the next
-attempt resumed from.
+The training loop hands a `Ledger` to the loader only when debug.ledger_dir is set; otherwise
+the loader gets None and does nothing per batch. The exactly-once tests (tests/ray/test_data_ledger.py,
+tests/ray/test_faults.py) read these files: a step counts as consumed when it is at or before
+the checkpoint the next attempt resumed from.
 """
 
 from __future__ import annotations
@@ -16,33 +18,49 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
+from raydl.config import DebugSection
 from raydl.data.order import DataPosition
 
 
+@dataclass(frozen=True)
 class Ledger:
-    def __init__(self, *, dp_rank: int, dp_size: int, start: DataPosition, steps_per_epoch: int, global_batch: int):
-        self.dir = os.environ.get("RAYDL_LEDGER_DIR")
-        self.fail_at = int(os.environ.get("RAYDL_FAIL_AT_STEP", -1))
-        self.dp_rank, self.dp_size = dp_rank, dp_size
+    """What the debug section asks for; `open` binds it to one loader."""
+    directory: str
+    fail_at_step: int = -1
+
+    @classmethod
+    def from_config(cls, debug: DebugSection) -> "Ledger | None":
+        return cls(debug.ledger_dir, debug.fail_at_step) if debug.ledger_dir else None
+
+    def open(self, *, dp_rank: int, dp_size: int, start: DataPosition, steps_per_epoch: int,
+             global_batch: int) -> "LedgerFile":
+        return LedgerFile(self, dp_rank=dp_rank, dp_size=dp_size, start=start, steps_per_epoch=steps_per_epoch,
+                          global_batch=global_batch)
+
+
+class LedgerFile:
+    """One loader's ledger: a header line at the start, then a line per step."""
+
+    def __init__(self, ledger: Ledger, *, dp_rank: int, dp_size: int, start: DataPosition, steps_per_epoch: int,
+                 global_batch: int):
+        self.ledger, self.dp_rank = ledger, dp_rank
         self.steps_per_epoch, self.global_batch = steps_per_epoch, global_batch
-        if self.dir:
-            self.path = os.path.join(self.dir, f"ledger-{os.getpid()}-dp{dp_rank}.jsonl")
-            self._write({"start": start.to_dict(), "t": time.time(), "dp_rank": dp_rank, "dp_size": dp_size})
+        self.path = os.path.join(ledger.directory, f"ledger-{os.getpid()}-dp{dp_rank}.jsonl")
+        self._write({"start": start.to_dict(), "t": time.time(), "dp_rank": dp_rank, "dp_size": dp_size})
 
     def record(self, position: DataPosition, ids: torch.Tensor) -> None:
-        if not self.dir:
-            return
         step = position.epoch * self.steps_per_epoch + position.offset // self.global_batch
-        if step == self.fail_at and self._claim(f"failed-at-{step}"):
-            raise RuntimeError(f"RAYDL_FAIL_AT_STEP: injected failure at step {step} (dp rank {self.dp_rank})")
+        if step == self.ledger.fail_at_step and self._claim(f"failed-at-{step}"):
+            raise RuntimeError(f"debug.fail_at_step: injected failure at step {step} (dp rank {self.dp_rank})")
         self._write({"epoch": position.epoch, "offset": position.offset, "ids": ids.tolist()})
 
     def _claim(self, name: str) -> bool:
         try:
-            os.close(os.open(os.path.join(self.dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(os.path.join(self.ledger.directory, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             return True
         except FileExistsError:
             return False

@@ -73,12 +73,14 @@ class StepLoader:
 
     data.backend picks who reads: `arrow` reads the windows with pyarrow in this process
     (SplitReader); `ray` streams the same rows, in the same order, through Ray Data read tasks
-    on the cluster's CPUs (raydl.data.ray_source).
+    on the cluster's CPUs (raydl.data.ray_source). `ledger` (debug.ledger_dir, a test hook) records
+    the ids of every step handed out; without one the loader does nothing extra per step.
     """
 
     def __init__(self, info: DatasetInfo, *, global_batch: int, dp_rank: int, dp_size: int, seed: int,
                  shuffle: bool, position: DataPosition, prefetch: int = 2, split: str = "train",
-                 max_bad_shards: int = 0, backend: str = "arrow", augment: bool = False, read_cpus: float = 1.0):
+                 max_bad_shards: int = 0, backend: str = "arrow", augment: bool = False, read_cpus: float = 1.0,
+                 ledger: Ledger | None = None):
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
         self.reader = SplitReader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards)
         self.meta = info.meta
@@ -90,8 +92,8 @@ class StepLoader:
         if self.steps_per_epoch == 0:
             raise DataError(f"the {split} split has {self.reader.order(0).num_rows} rows, fewer than one global batch "
                             f"({global_batch}). Fix: lower train.global_batch_size or add data.")
-        self.ledger = Ledger(dp_rank=dp_rank, dp_size=dp_size, start=position, steps_per_epoch=self.steps_per_epoch,
-                             global_batch=global_batch)
+        self.ledger = ledger.open(dp_rank=dp_rank, dp_size=dp_size, start=position,
+                                  steps_per_epoch=self.steps_per_epoch, global_batch=global_batch) if ledger else None
 
     def _produce(self) -> Iterator[StepBatch]:
         epoch, offset = self.position.epoch, self.position.offset
@@ -164,7 +166,8 @@ class StepLoader:
             if isinstance(item, BaseException):
                 raise item
             item.wait_s = time.perf_counter() - t0
-            self.ledger.record(item.position, item.tensors["id"])
+            if self.ledger is not None:
+                self.ledger.record(item.position, item.tensors["id"])
             yield item
 
 

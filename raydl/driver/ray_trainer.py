@@ -26,7 +26,6 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
     }
     if "ONEDNN_MAX_CPU_ISA" in os.environ:   # only when the user capped it: raydl never caps it by itself
         env["ONEDNN_MAX_CPU_ISA"] = os.environ["ONEDNN_MAX_CPU_ISA"]
-    env.update({k: v for k, v in os.environ.items() if k.startswith("RAYDL_")})   # raydl's own hooks
     return env
 
 

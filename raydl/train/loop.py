@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from raydl.config import JobConfig
 from raydl.data.dataset import check_task, open_dataset
+from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
 from raydl.errors import TrainingDiverged
@@ -119,7 +120,8 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
                         seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
                         prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
-                        backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus)
+                        backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus,
+                        ledger=Ledger.from_config(cfg.debug))
     clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size,
                       units_per_sample=spec.units_per_sample(info.meta),
                       flops_per_sample=spec.flops_per_sample(cfg.model, info.meta))

@@ -1,7 +1,7 @@
 """Fault-test helpers on top of raydl.bench.fault_cluster (cluster, run subprocess, process faults): the sample-id
 ledger, Ray's registered checkpoints, open files, and the fault-free reference run.
 
-The ledger (raydl/data/ledger.py, RAYDL_LEDGER_DIR) reaches the workers through the job's runtime_env.
+The ledger (raydl/data/ledger.py, debug.ledger_dir) reaches the workers inside the job's config.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def ledger(run: Run) -> Path:
 
 def ledger_run(root: Path, overrides: list[str], address: str) -> Run:
     (root / "ledger").mkdir(parents=True, exist_ok=True)
-    return Run(root, overrides, address, env={"RAYDL_LEDGER_DIR": str(root / "ledger")})
+    return Run(root, [*overrides, f"debug.ledger_dir={root / 'ledger'}"], address)
 
 
 def open_files(pid: int) -> list[str]:
@@ -67,8 +67,7 @@ def reference_run(run_dir: Path, overrides: list[str], *, nproc: int = 2) -> dic
     Bit-identical to a Ray run of the same layout (same loop, same gloo collectives, same seeds)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "raydl.worker", "--run-dir", str(run_dir), *(a for s in overrides for a in ("--set", s))]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={k: v for k, v in os.environ.items() if k != "RAYDL_LEDGER_DIR"})
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["losses"] = {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}

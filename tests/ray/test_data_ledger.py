@@ -3,7 +3,7 @@
 Twice: under torchrun (gloo, data.backend=arrow) and through `raydl train` on the session's Ray
 cluster with data.backend=ray, where Ray Train's FailureConfig restarts the worker group and Ray
 Data streams the rows. Real parquet, real DCP checkpoints. The loader writes the
-ids each rank hands to training (RAYDL_LEDGER_DIR, see raydl/data/ledger.py); a step counts as
+ids each rank hands to training (debug.ledger_dir, see raydl/data/ledger.py); a step counts as
 consumed if it is at or before the checkpoint the next attempt resumed from (later steps were
 lost with the failed attempt and are redone). The union must be the epoch exactly, no duplicates.
 """
@@ -29,11 +29,11 @@ GB, STEPS = 64, 32          # 2048 train rows = one epoch of 32 steps
 
 def torchrun(nproc: int, run_dir: Path, data: Path, ledger: Path, *overrides: str,
              fail_at: int | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAYDL_LEDGER_DIR": str(ledger), "OMP_NUM_THREADS": "1"}
-    if fail_at is not None:
-        env["RAYDL_FAIL_AT_STEP"] = str(fail_at)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fail = [f"debug.fail_at_step={fail_at}"] if fail_at is not None else []
     sets = [f"data.path={data}", f"train.global_batch_size={GB}", "train.micro_batch_size=32", "train.eval_batches=1",
-            "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false", *overrides]
+            "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false",
+            f"debug.ledger_dir={ledger}", *fail, *overrides]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "raydl.worker", "--run-dir", str(run_dir),
            *(a for s in sets for a in ("--set", s))]
@@ -91,22 +91,22 @@ def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
 
 
-def raydl_train(data: Path, run_dir: Path, workers: int, steps: int, resume: str | None = None) -> dict:
+def raydl_train(data: Path, run_dir: Path, workers: int, steps: int, *debug: str, resume: str | None = None) -> dict:
     sets = [f"data.path={data}", "data.backend=ray", f"run.dir={run_dir}", f"scaling.min_workers={workers}",
             f"scaling.max_workers={workers}", "scaling.max_failures=1", f"train.max_steps={steps}",
             f"train.global_batch_size={GB}", "train.micro_batch_size=32", "train.eval_batches=1",
-            "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false"]
+            "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false", *debug]
     return run_training(load_config(None, sets), resume=resume)
 
 
-def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_path, monkeypatch):
+def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_path):
     data = make_dataset(tmp_path)
     failure, resize = tmp_path / "ledger-failure", tmp_path / "ledger-resize"
     failure.mkdir(), resize.mkdir()
 
-    monkeypatch.setenv("RAYDL_LEDGER_DIR", str(failure))     # reaches the Ray workers (RAYDL_* env)
-    monkeypatch.setenv("RAYDL_FAIL_AT_STEP", "13")
-    summary = raydl_train(data, tmp_path / "run-failure", 2, STEPS)
+    # The debug section travels to the Ray workers inside the job's config, like every other field.
+    summary = raydl_train(data, tmp_path / "run-failure", 2, STEPS, f"debug.ledger_dir={failure}",
+                          "debug.fail_at_step=13")
     [restart] = summary["restarts"]
     assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
     assert summary["steps"] == STEPS
@@ -114,10 +114,9 @@ def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_pa
     ids = committed_ids(failure)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
 
-    monkeypatch.setenv("RAYDL_LEDGER_DIR", str(resize))
-    monkeypatch.delenv("RAYDL_FAIL_AT_STEP")
-    first = raydl_train(data, tmp_path / "run-resize", 2, 15)
-    second = raydl_train(data, tmp_path / "run-resize-1", 1, STEPS, resume=first["run_dir"])
+    first = raydl_train(data, tmp_path / "run-resize", 2, 15, f"debug.ledger_dir={resize}")
+    second = raydl_train(data, tmp_path / "run-resize-1", 1, STEPS, f"debug.ledger_dir={resize}",
+                         resume=first["run_dir"])
     assert second["world_sizes"] == [1] and attempt_starts(resize) == [0, 15 * GB]
     ids = committed_ids(resize)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)

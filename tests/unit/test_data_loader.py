@@ -1,7 +1,10 @@
-"""The loader on real parquet: deterministic order, bad shards (fail naming the file, or skip exactly once)."""
+"""The loader on real parquet: deterministic order, bad shards (fail naming the file, or skip exactly once),
+the debug ledger hook."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from raydl.data.dataset import open_dataset
+from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
 from raydl.data.prepare import prepare
-from raydl.errors import DataError
+from raydl.errors import ConfigError, DataError
+from raydl.overrides import load_config
 
 GB = 64
 
@@ -103,3 +108,31 @@ def test_shard_with_another_schema_is_named(tmp_path):
                                                                      pa.list_(pa.int64()))), f, row_group_size=256)
     with pytest.raises(DataError, match=rf"shard '{f}' has a different schema.*input_ids: list<"):
         epoch_ids(path, 1)
+
+
+def test_ledger_hook_records_the_steps_and_fails_once(tmp_path):
+    path, ledger_dir = make_dataset(tmp_path), tmp_path / "ledger"
+    ledger_dir.mkdir()
+    cfg = load_config(None, [f"debug.ledger_dir={ledger_dir}", "debug.fail_at_step=3"])
+    hook = Ledger.from_config(cfg.debug)
+    loader = StepLoader(open_dataset(str(path)), global_batch=GB, dp_rank=0, dp_size=1, seed=0, shuffle=True,
+                        position=DataPosition(0, 0), prefetch=0, ledger=hook)
+    steps = iter(loader)
+    taken = [next(steps).tensors["id"].tolist() for _ in range(2)]
+    with pytest.raises(RuntimeError, match="debug.fail_at_step: injected failure at step 3"):
+        next(steps)
+    [header, *records] = [json.loads(x) for x in next(ledger_dir.glob("ledger-*-dp0.jsonl")).read_text().splitlines()]
+    assert header["start"] == {"epoch": 0, "offset": 0} and [r["ids"] for r in records] == taken
+    again = StepLoader(open_dataset(str(path)), global_batch=GB, dp_rank=0, dp_size=1, seed=0, shuffle=True,
+                       position=DataPosition(0, 2 * GB), prefetch=0, ledger=hook)
+    assert next(iter(again)).position.offset == 3 * GB          # the failure fires once per ledger dir
+    assert Ledger.from_config(load_config(None, []).debug) is None     # debug off: the loader gets no hook
+
+
+@pytest.mark.parametrize("sets, problem", [
+    (["debug.fail_at_step=0"], "use -1 (off) or a step >= 1"),
+    (["debug.fail_at_step=5"], "needs debug.ledger_dir"),
+])
+def test_debug_section_is_validated(sets, problem):
+    with pytest.raises(ConfigError, match=rf"config field 'debug.fail_at_step'.*{re.escape(problem)}"):
+        load_config(None, sets)
