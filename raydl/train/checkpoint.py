@@ -4,9 +4,10 @@ A checkpoint directory holds DCP shards (`__<rank>_0.distcp`, `.metadata`) keyed
 qualified parameter names, so it loads into any layout (N or M workers, any dp × pp), and
 `raydl_state.json` (step, data position, scaler, model fingerprint), written last, and one
 `files-rank<r>.json` per saving rank listing its files with size and sha256. A directory
-counts as a checkpoint only once `verify` finds every rank's manifest and every file intact;
+counts as a checkpoint only once `verify` finds every rank's manifest and every file intact,
+the state within its schema and `.metadata` readable without running code (`safe_dcp`);
 under Ray it is also only visible after Ray registered it (every rank reported and
-uploaded). A half-written or corrupted checkpoint is skipped for the previous one.
+uploaded). A half-written, corrupted or edited checkpoint is skipped for the previous one.
 RNG needs no saved state: it is reseeded from (seed, step, rank) every step.
 """
 
@@ -21,13 +22,16 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError
+from raydl.train import safe_dcp
+from raydl.train.checkpoint_state import FORMAT, state_problem
 
 STATE_FILE = "raydl_state.json"
-FORMAT = 1
+FIX_EARLIER = "Fix: resume from an earlier checkpoint of the run"
 
 
 def checkpoint_name(step: int) -> str:
@@ -67,17 +71,41 @@ def verify(path: str | Path) -> str | None:
     if not is_complete(p):
         return f"missing {STATE_FILE} or .metadata (half-written)"
     try:
-        ranks = json.loads((p / STATE_FILE).read_text())["saved_by_ranks"]
-        for r in range(ranks):
-            manifest = p / f"files-rank{r}.json"
-            if not manifest.is_file():
-                return f"missing {manifest.name}"
-            for name, expected in json.loads(manifest.read_text()).items():
-                if not (p / name).is_file() or _fingerprint(p / name) != expected:
-                    return f"{name} is missing or does not match its checksum"
-    except (OSError, ValueError, KeyError) as e:
+        state = json.loads((p / STATE_FILE).read_text())
+        problem = state_problem(state)
+        return f"{STATE_FILE} {problem}" if problem else _files_problem(p, state["saved_by_ranks"])
+    except (OSError, ValueError) as e:
         return f"unreadable state ({type(e).__name__}: {e})"
+    except safe_dcp.UnsafeCheckpoint as e:
+        return str(e)
+
+
+def _files_problem(p: Path, ranks: int) -> str | None:
+    """What is wrong with the files of the `ranks` saving ranks: a missing manifest, a file that does
+    not match it, or a shard that `.metadata` reads but no manifest lists (hence never checksummed)."""
+    listed: dict[str, Any] = {}
+    for r in range(ranks):
+        manifest = p / f"files-rank{r}.json"
+        if not manifest.is_file():
+            return f"missing {manifest.name} ({STATE_FILE} says saved_by_ranks={ranks})"
+        entries = json.loads(manifest.read_text())
+        if not isinstance(entries, dict) or not all(_is_checkpoint_file(name) for name in entries):
+            return f"{manifest.name} lists something other than this checkpoint's shard files"
+        listed.update(entries)
+    for name, expected in listed.items():
+        if (p / name).is_symlink():   # it would be read from wherever it points
+            return f"{name} is a link, not a file of the checkpoint"
+        if not (p / name).is_file() or _fingerprint(p / name) != expected:
+            return f"{name} is missing or does not match its checksum"
+    unlisted = (safe_dcp.shard_files(safe_dcp.read_metadata(p)) | {safe_dcp.METADATA_FILE}) - listed.keys()
+    if unlisted:
+        return f".metadata reads {sorted(unlisted)[:5]}, which no files-rank<r>.json of ranks 0..{ranks - 1} lists"
     return None
+
+
+def _is_checkpoint_file(name: str) -> bool:
+    # Manifest names come from the checkpoint: a path in one would be hashed outside its directory.
+    return name == safe_dcp.METADATA_FILE or bool(safe_dcp.SHARD_NAME.fullmatch(name))
 
 
 def first_valid(candidates: list[str]) -> str | None:
@@ -106,18 +134,22 @@ def agree_on_first_valid(candidates: list[str]) -> str | None:
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's trainer state, checked against `checkpoint_state.STATE_SCHEMA`."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"resume path '{p}' does not exist. Fix: pass a run directory or one of its "
                               f"checkpoints (runs/<run>/train/step_NNNNNNNN).")
     if not is_complete(p):
         raise CheckpointError(f"'{p}' is not a complete raydl checkpoint (needs .metadata and {STATE_FILE}); it may "
-                              f"be half-written. Fix: resume from an earlier checkpoint of the run.")
+                              f"be half-written. {FIX_EARLIER}.")
     try:
-        return json.loads((p / STATE_FILE).read_text())
+        state = json.loads((p / STATE_FILE).read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint state '{p / STATE_FILE}' is unreadable ({e}). Fix: resume from an "
-                              f"earlier checkpoint of the run.") from None
+        raise CheckpointError(f"checkpoint state '{p / STATE_FILE}' is unreadable ({e}). {FIX_EARLIER}.") from None
+    problem = state_problem(state)
+    if problem:
+        raise CheckpointError(f"checkpoint state '{p / STATE_FILE}' {problem} (edited or damaged). {FIX_EARLIER}.")
+    return state
 
 
 def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], path: str | Path) -> None:
@@ -129,16 +161,24 @@ def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], path: s
 
 
 def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """Load model + optimizer shards for this rank's part of the model; returns the trainer state."""
+    """Load model + optimizer shards for this rank's part of the model; returns the trainer state.
+
+    Nothing in the checkpoint runs: `.metadata` and the non-tensor entries go through `safe_dcp`."""
     state = read_state(path)
     check_compatible(state, fingerprint, path)
     msd, osd = get_state_dict(model, optimizer)
     try:
-        dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(path))
-    except Exception as e:  # DCP raises assorted errors on missing/corrupt shards
-        raise CheckpointError(f"checkpoint '{path}' could not be loaded ({type(e).__name__}: {str(e)[:300]}). "
-                              f"Fix: resume from an earlier checkpoint of the run.") from e
-    set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+        reader = safe_dcp.CheckedReader(path)
+        dcp.load({"model": msd, "optim": osd}, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
+        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+    # DCP raises assorted errors on missing/corrupt shards, each rank's wrapped in a CheckpointException
+    # (a BaseException whose text is a traceback).
+    except (Exception, CheckpointException) as e:
+        cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+        if isinstance(cause, safe_dcp.UnsafeCheckpoint):
+            raise CheckpointError(f"checkpoint '{path}' is not usable: {cause}. {FIX_EARLIER}, one you trust.") from None
+        raise CheckpointError(f"checkpoint '{path}' could not be loaded ({type(cause).__name__}: {str(cause)[:300]}). "
+                              f"{FIX_EARLIER}.") from cause
     return state
 
 
@@ -157,10 +197,18 @@ def find_latest(root: str | Path) -> Path | None:
 
 
 def resolve_resume(path: str) -> Path:
+    """The checkpoint to resume from: `path` itself if it is one (an error saying why if it is unusable),
+    else the newest usable checkpoint of the run directory `path`."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"--resume path '{p}' does not exist. Fix: pass a run directory or a checkpoint "
                               f"directory inside it (train/step_NNNNNNNN).")
+    if is_complete(p):
+        problem = verify(p)
+        if problem:
+            raise CheckpointError(f"checkpoint '{p}' is not usable: {problem}. {FIX_EARLIER}, or pass the run "
+                                  f"directory to take its newest usable checkpoint.")
+        return p.resolve()
     latest = first_valid([str(c) for c in all_complete(p)])
     if latest is None:
         raise CheckpointError(f"--resume path '{p}' holds no complete checkpoint. Fix: pass a run directory that "

@@ -8,9 +8,16 @@ import json
 import pytest
 import torch
 
+from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError
 from raydl.models.gpt import build_gpt
 from raydl.train import checkpoint as ckpt
+
+
+def tiny_state(step: int) -> dict:
+    """The trainer state raydl's loop saves, for one rank and 8 samples per step."""
+    return {"step": step, "samples": 8 * step, "position": {"epoch": 0, "offset": 8 * step}, "model": {"name": "gpt"},
+            "layout": {"world_size": 1, "dp": 1, "pp": 1}, "scaler": None, "lr": 3e-4, "saved_by_ranks": 1}
 
 
 def save_step(run_dir, step: int):
@@ -18,8 +25,15 @@ def save_step(run_dir, step: int):
     model = build_gpt("tiny", vocab_size=16, seq_len=8)
     optimizer = torch.optim.AdamW(model.parameters())
     path = run_dir / "train" / ckpt.checkpoint_name(step)
-    ckpt.save(path, model, optimizer, {"step": step, "model": {"name": "gpt"}, "saved_by_ranks": 1}, rank=0)
+    ckpt.save(path, model, optimizer, tiny_state(step), rank=0)
     return path
+
+
+def reseal(path) -> None:
+    """Rewrite every rank's manifest for its files as they are now, as a forger would."""
+    for manifest in path.glob("files-rank*.json"):
+        names = json.loads(manifest.read_text())
+        manifest.write_text(json.dumps({n: [(path / n).stat().st_size, sha256_file(path / n)] for n in names}))
 
 
 def test_corrupt_newest_falls_back_to_previous(tmp_path):

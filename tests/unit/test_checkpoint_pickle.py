@@ -1,0 +1,151 @@
+"""A checkpoint runs no code when loaded: `.metadata` is unpickled through an allowlist and the
+non-tensor entries (optimizer hyperparameters) load with weights_only. Each crafted checkpoint
+here is first shown to run its payload through torch's own DCP reader, then refused by raydl's,
+naming the file and the class, with the payload's file never created."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from raydl.cli import main as cli_main
+from raydl.errors import CheckpointError
+from raydl.models.gpt import build_gpt
+from raydl.train import checkpoint as ckpt
+from raydl.train import safe_dcp
+from tests.unit.test_checkpoint_safety import reseal, save_step, tiny_state
+
+
+class TouchOnLoad:
+    """Unpickling it creates `path`: the stand-in for arbitrary code."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def tiny_model_and_optimizer(seed: int):
+    torch.manual_seed(seed)
+    model = build_gpt("tiny", vocab_size=16, seq_len=8)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def forge_metadata(path: Path, marker: Path) -> None:
+    """The real metadata, plus an object that creates `marker` when unpickled."""
+    with (path / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)
+    metadata.storage_meta.modules = [TouchOnLoad(marker)]
+    (path / ".metadata").write_bytes(pickle.dumps(metadata))
+    reseal(path)
+
+
+def torch_dcp_load(path: Path) -> None:
+    model, optimizer = tiny_model_and_optimizer(0)
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(path))
+
+
+def test_model_and_optimizer_round_trip_through_the_restricted_reader(tmp_path):
+    model, optimizer = tiny_model_and_optimizer(3)
+    model(torch.randint(0, 16, (2, 8))).float().pow(2).mean().backward()
+    optimizer.step()
+    path = tmp_path / ckpt.checkpoint_name(1)
+    ckpt.save(path, model, optimizer, tiny_state(1), rank=0)
+    assert ckpt.verify(path) is None
+    assert isinstance(safe_dcp.CheckedReader(path).read_metadata(), dcp.Metadata)
+
+    fresh, fresh_optimizer = tiny_model_and_optimizer(99)
+    fresh_optimizer.param_groups[0]["lr"] = 0.5
+    ckpt.load(path, fresh, fresh_optimizer, {"name": "gpt"})
+    assert fresh_optimizer.param_groups[0]["lr"] == 1e-3           # a non-tensor ("bytes") entry
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and saved
+    for index in saved:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(loaded[index][key], saved[index][key]), (index, key)
+
+
+def test_metadata_payload_is_refused_naming_file_and_class(tmp_path):
+    path, marker = save_step(tmp_path, 5), tmp_path / "pwned"
+    forge_metadata(path, marker)
+    torch_dcp_load(path)
+    assert marker.exists(), "the payload is live: torch's own reader runs it"
+    marker.unlink()
+
+    with pytest.raises(CheckpointError, match=rf"{path / '.metadata'}' asks to build pathlib\.Path\.touch"):
+        ckpt.load(path, *tiny_model_and_optimizer(0), {"name": "gpt"})
+    assert "Path.touch" in ckpt.verify(path)
+    assert not marker.exists()
+
+
+def test_metadata_payload_falls_back_to_the_previous_checkpoint(tmp_path):
+    old, new = save_step(tmp_path, 10), save_step(tmp_path, 20)
+    marker = tmp_path / "pwned"
+    forge_metadata(new, marker)
+    with pytest.warns(UserWarning, match=rf"{new} is not usable .*Path\.touch.*falling back to {old}"):
+        assert ckpt.resolve_resume(str(tmp_path)) == old.resolve()
+    assert not marker.exists()
+
+
+def test_optimizer_bytes_payload_is_refused(tmp_path):
+    """DCP stores non-tensor optimizer entries (lr, betas, ...) as torch.save bytes, which torch's
+    planner loads with weights_only=False."""
+    model, optimizer = tiny_model_and_optimizer(0)
+    marker = tmp_path / "pwned"
+    optimizer.param_groups[0]["lr"] = TouchOnLoad(marker)
+    path = tmp_path / ckpt.checkpoint_name(1)
+    ckpt.save(path, model, optimizer, tiny_state(1), rank=0)
+    torch_dcp_load(path)
+    assert marker.exists(), "the payload is live: torch's own planner runs it"
+    marker.unlink()
+
+    assert ckpt.verify(path) is None   # well-formed metadata: only loading the entry would run it
+    with pytest.raises(CheckpointError, match=rf"checkpoint '{path}' is not usable: its entry .optim.param_groups.0.lr. asks to build getattr, which is not plain data"):
+        ckpt.load(path, *tiny_model_and_optimizer(0), {"name": "gpt"})
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("relative_path", ["../outside.distcp", "/etc/passwd", "__0_0.distcp/../../x"])
+def test_metadata_reading_outside_its_directory_is_refused(tmp_path, relative_path):
+    path = save_step(tmp_path, 5)
+    with (path / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)
+    next(iter(metadata.storage_data.values())).relative_path = relative_path
+    (path / ".metadata").write_bytes(pickle.dumps(metadata))
+    reseal(path)
+    with pytest.raises(safe_dcp.UnsafeCheckpoint, match="not a shard file"):
+        safe_dcp.read_metadata(path)
+    assert "not a shard file" in ckpt.verify(path)
+
+
+def test_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path):
+    path = save_step(tmp_path, 5)
+    manifest = path / "files-rank0.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "../../secret": [1, "0" * 64]}))
+    assert "files-rank0.json lists something other" in ckpt.verify(path)
+
+
+def test_cli_resume_from_a_crafted_checkpoint_exits_2_before_ray(tmp_path, tiny_overrides, capsys, monkeypatch):
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for a checkpoint that should have been refused")
+
+    monkeypatch.setattr("raydl.driver.ray_trainer.connect", no_ray)
+    path, marker = save_step(tmp_path / "old-run", 5), tmp_path / "pwned"
+    forge_metadata(path, marker)
+    argv = ["train", "--resume", str(path)] + [arg for o in tiny_overrides for arg in ("--set", o)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{path / '.metadata'}' asks to build pathlib.Path.touch" in err
+    assert "Traceback" not in err
+    assert not marker.exists()
+    assert not (tmp_path / "runs").exists()   # refused before the run directory was made
