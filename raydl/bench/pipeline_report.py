@@ -11,7 +11,10 @@ from typing import Any, Iterable
 from raydl.bench import harness
 from raydl.bench.pipeline_model import NUM_BLOCKS, PP
 from raydl.errors import LayoutError
-from raydl.parallel import planner, schedules
+from raydl.parallel import schedules
+from raydl.parallel.constraints import validate_layout
+from raydl.parallel.cost_model import Candidate, evaluate
+from raydl.parallel.profile import BlockProfile, ModelProfile
 
 FORMULA_TOLERANCE = 0.05   # goal: measured bubble within 5 percentage points of (p-1)/(m+p-1)
 MEASURABLE = 0.02          # goal: a zero-bubble schedule's bubble at least 2 points below 1f1b's
@@ -25,8 +28,8 @@ def accepted_configs(names: Iterable[str], microbatches: Iterable[int], *, batch
     for name in names:
         for m in microbatches:
             try:
-                planner.validate_layout(num_blocks=NUM_BLOCKS, world_size=pp, pp=pp, schedule=name,
-                                        num_microbatches=m, global_batch=batch, micro_batch=batch // m)
+                validate_layout(num_blocks=NUM_BLOCKS, world_size=pp, pp=pp, schedule=name,
+                                num_microbatches=m, global_batch=batch, micro_batch=batch // m)
                 accepted.append((name, m))
             except LayoutError as error:
                 skipped[f"{name} m={m}"] = str(error)
@@ -47,12 +50,12 @@ def per_step(step_by_rank: list[list[float]], busy_by_rank: list[list[float]]) -
 
 
 def sim_profile(*, cost_s: float, block_activation_bytes: int, micro_batch: int, dim: int,
-                p2p_latency_s: float) -> planner.ModelProfile:
+                p2p_latency_s: float) -> ModelProfile:
     """The planner's view of the benchmark model: F = cost, backward = B + W = 2 cost per block.
     Parameters are given 0 bytes, so the predicted memory is the activation memory alone."""
-    block = planner.BlockProfile("b", fwd_s=cost_s, bwd_s=2 * cost_s, param_bytes=0,
-                                 activation_bytes=block_activation_bytes, output_bytes=micro_batch * dim * 4)
-    return planner.ModelProfile(blocks=(block,) * NUM_BLOCKS, micro_batch=micro_batch, p2p_latency_s=p2p_latency_s)
+    block = BlockProfile("b", fwd_s=cost_s, bwd_s=2 * cost_s, param_bytes=0,
+                         activation_bytes=block_activation_bytes, output_bytes=micro_batch * dim * 4)
+    return ModelProfile(blocks=(block,) * NUM_BLOCKS, micro_batch=micro_batch, p2p_latency_s=p2p_latency_s)
 
 
 def summarize(raw: dict[str, Any], settings: dict) -> list[dict[str, Any]]:
@@ -91,11 +94,11 @@ def _planner_columns(row: dict, by_rank: tuple[dict, ...], settings: dict, laten
             "step_error_measured_pass_pct": 100 * (fitted.predicted_step_s / row["step_s"] - 1)}
 
 
-def _evaluate(row: dict, by_rank: tuple[dict, ...], settings: dict, latency: float, pass_s: float) -> planner.Layout:
+def _evaluate(row: dict, by_rank: tuple[dict, ...], settings: dict, latency: float, pass_s: float) -> Candidate:
     profile = sim_profile(cost_s=pass_s, block_activation_bytes=by_rank[0]["block_saved_bytes"],
                           micro_batch=settings["batch"] // row["m"], dim=settings["dim"], p2p_latency_s=latency)
-    return planner.evaluate(profile, world_size=PP, pp=PP, schedule=row["schedule"], global_batch=settings["batch"],
-                            device_memory_bytes=2**40, num_microbatches=row["m"])
+    return evaluate(profile, world_size=PP, pp=PP, schedule=row["schedule"], global_batch=settings["batch"],
+                    device_memory_bytes=2**40, num_microbatches=row["m"])
 
 
 def _measured_pass_s(by_rank: tuple[dict, ...], m: int) -> float:

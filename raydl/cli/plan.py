@@ -23,8 +23,9 @@ def run(args) -> int:
 
     from raydl.data.dataset import check_task, open_dataset, resolve_path
     from raydl.models.registry import get_spec
-    from raydl.parallel import autoplan, planner
     from raydl.parallel.mesh import min_micro_batch, plan_layouts
+    from raydl.parallel.profile import device_memory_bytes, profile_model
+    from raydl.parallel.search import format_table
 
     if not any(o.startswith("parallel.pp_degree=") for o in args.overrides):
         args.overrides = ["parallel.pp_degree=auto", *args.overrides]   # list every pp unless one is asked for
@@ -35,11 +36,11 @@ def run(args) -> int:
     torch.manual_seed(cfg.train.seed)
     model = spec.build(cfg.model, info.meta)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    memory = int(args.memory_gb * 2**30) if args.memory_gb else autoplan.device_memory_bytes(device, args.workers)
-    profile = autoplan.profile_model(model, spec, micro_batch=cfg.train.micro_batch_size,
-                                     precision=cfg.train.precision, device=device)
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else device_memory_bytes(device, args.workers)
+    profile = profile_model(model, spec, micro_batch=cfg.train.micro_batch_size, precision=cfg.train.precision,
+                            device=device)
     chosen, candidates = plan_layouts(profile, cfg, world_size=args.workers, memory_bytes=memory)
     print(f"{len(profile.blocks)} blocks profiled on {device.type} at micro-batch {profile.micro_batch}; "
           f"{memory / 2**30:.1f} GiB per worker; micro-batches below {min_micro_batch(cfg)} not chosen")
-    print(planner.format_table(candidates, chosen))
+    print(format_table(candidates, chosen))
     return 0

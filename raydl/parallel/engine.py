@@ -69,7 +69,7 @@ def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -
     num_blocks = len(model.blocks)
     if not Layout.needs_profile(cfg):
         return Layout.from_config(cfg, session.world_size, num_blocks=num_blocks)
-    from raydl.parallel.autoplan import device_memory_bytes, shared_profile
+    from raydl.parallel.profile import device_memory_bytes, shared_profile
 
     profile = shared_profile(model, spec, cfg, session.device)
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))

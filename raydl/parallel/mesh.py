@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
-from raydl.parallel import planner
+from raydl.parallel import constraints, search
+from raydl.parallel.cost_model import Candidate
+from raydl.parallel.profile import ModelProfile
 
 __all__ = ["Layout", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
 
@@ -36,7 +38,7 @@ class Layout:
         return cfg.parallel.pp_degree == "auto"
 
     @classmethod
-    def from_config(cls, cfg: JobConfig, world_size: int, profile: planner.ModelProfile | None = None, *,
+    def from_config(cls, cfg: JobConfig, world_size: int, profile: ModelProfile | None = None, *,
                     num_blocks: int, memory_bytes: int = 0) -> Layout:
         """The layout this world size trains with, validated (LayoutError with the numbers and the fix).
 
@@ -50,7 +52,7 @@ class Layout:
             pp, schedule, cuts = p.pp_degree, p.schedule, tuple(p.stage_cuts)
             m = p.num_microbatches if pp > 1 else 0
             if pp > 1:
-                planner.check_mesh(num_blocks, world_size, pp, schedule)
+                constraints.check_mesh(num_blocks, world_size, pp, schedule)
         dp = world_size // pp
         micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
                                dp=dp, strict=not _elastic(cfg), num_microbatches=m)
@@ -112,25 +114,26 @@ def min_micro_batch(cfg: JobConfig) -> int:
     return max(1, cfg.train.micro_batch_size // 4)
 
 
-def plan_layouts(profile: planner.ModelProfile, cfg: JobConfig, *, world_size: int,
-                 memory_bytes: int) -> tuple[planner.Candidate, list[planner.Candidate]]:
+def plan_layouts(profile: ModelProfile, cfg: JobConfig, *, world_size: int,
+                 memory_bytes: int) -> tuple[Candidate, list[Candidate]]:
     """(chosen, candidates): the planner's best fitting candidate whose micro-batch is >= min_micro_batch.
     An explicit pp_degree restricts the search to it and the configured schedule."""
     p = cfg.parallel
     auto = Layout.needs_profile(cfg)
     if p.stage_cuts and not auto:
-        planner.validate_stage_cuts(p.stage_cuts, num_blocks=len(profile.blocks), pp=p.pp_degree, schedule=p.schedule)
-    _, candidates = planner.plan(profile, world_size=world_size, global_batch=cfg.train.global_batch_size,
-                                 device_memory_bytes=memory_bytes, pp=p.pp_degree,
-                                 schedule="auto" if auto else p.schedule, num_microbatches=p.num_microbatches or None,
-                                 stage_cuts=p.stage_cuts or None, allow_smaller_batch=_elastic(cfg))
+        constraints.validate_stage_cuts(p.stage_cuts, num_blocks=len(profile.blocks), pp=p.pp_degree,
+                                        schedule=p.schedule)
+    _, candidates = search.plan(profile, world_size=world_size, global_batch=cfg.train.global_batch_size,
+                                device_memory_bytes=memory_bytes, pp=p.pp_degree,
+                                schedule="auto" if auto else p.schedule, num_microbatches=p.num_microbatches or None,
+                                stage_cuts=p.stage_cuts or None, allow_smaller_batch=_elastic(cfg))
     floor = min_micro_batch(cfg)
     usable = [c for c in candidates if c.fits and c.micro_batch >= floor]
     if not usable:
         raise LayoutError(
             f"no layout of {world_size} workers fits with a micro-batch of at least {floor} samples "
             f"(train.micro_batch_size={cfg.train.micro_batch_size} // 4); the best fitting one is "
-            f"{planner.describe(candidates[0])}. Fix: lower train.micro_batch_size, or set parallel.pp_degree explicitly.")
+            f"{search.describe(candidates[0])}. Fix: lower train.micro_batch_size, or set parallel.pp_degree explicitly.")
     return usable[0], candidates   # candidates come sorted best first
 
 
@@ -138,10 +141,10 @@ def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str
     """Raise LayoutError for a pipeline (pp > 1) torch would reject, before any process group work."""
     if layout.pp == 1:
         return
-    planner.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,
-                            schedule=layout.schedule, num_microbatches=layout.num_microbatches,
-                            global_batch=layout.global_batch, micro_batch=layout.micro_batch,
-                            stage_cuts=layout.stage_cuts or None)
+    constraints.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,
+                                schedule=layout.schedule, num_microbatches=layout.num_microbatches,
+                                global_batch=layout.global_batch, micro_batch=layout.micro_batch,
+                                stage_cuts=layout.stage_cuts or None)
     if dp_wrapper == "ddp" and layout.dp > 1:
         # Zero-bubble schedules bypass DDP's hooks (pytorch/pytorch#144530, PIPELINE_NOTES 1c); with the
         # others torch 2.13's reducer fails an internal assert on the second step.

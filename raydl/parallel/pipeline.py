@@ -23,7 +23,8 @@ from torch.distributed.pipelining import PipelineStage
 from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
-from raydl.parallel import planner, schedules
+from raydl.parallel import schedules
+from raydl.parallel.cost_model import balanced_cuts
 from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.mesh import Layout
 from raydl.train.optim import clip_grad_norm
@@ -37,7 +38,7 @@ def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
     """Manual cuts (parallel.stage_cuts or the planner's) or, without them, equal block counts."""
     if layout.stage_cuts:
         return tuple(layout.stage_cuts)
-    return planner.balanced_cuts([1.0] * num_blocks, layout.pp * schedules.get(layout.schedule).stages_per_rank)
+    return balanced_cuts([1.0] * num_blocks, layout.pp * schedules.get(layout.schedule).stages_per_rank)
 
 
 def split_stages(model: BlockModel, cuts: tuple[int, ...], indices: tuple[int, ...]) -> list[BlockModel]:

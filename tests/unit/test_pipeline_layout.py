@@ -13,7 +13,7 @@ from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, validate
 from raydl.parallel.pipeline import split_stages, stage_cuts
-from raydl.parallel.planner import BlockProfile, ModelProfile
+from raydl.parallel.profile import BlockProfile, ModelProfile
 from raydl.parallel.schedules import stage_indices, stage_ranks
 
 
@@ -30,7 +30,8 @@ def _layout(schedule="1f1b", pp=2, m=4, cuts=(), dp=1) -> Layout:
 def test_stage_placement_matches_torch(schedule, expected):
     assert [stage_indices(schedule, 2, r) for r in range(2)] == expected
     ranks = stage_ranks(schedule, 2)
-    assert [tuple(s for s, rank in enumerate(ranks) if rank == r) for r in range(2)] == [tuple(sorted(e)) for e in expected]
+    owned = [tuple(s for s, rank in enumerate(ranks) if rank == r) for r in range(2)]
+    assert owned == [tuple(sorted(e)) for e in expected]
 
 
 def test_default_cuts_balance_blocks_and_manual_cuts_win():

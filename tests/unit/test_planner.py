@@ -1,4 +1,5 @@
-"""The layout planner: partitioning, bubble formulas, validation messages, memory-driven choices.
+"""The layout planner (constraints, cost model, search): partitioning, bubble formulas, validation
+messages, memory-driven choices.
 
 Pure arithmetic: no processes, no torch.distributed.
 """
@@ -11,15 +12,10 @@ import random
 import pytest
 
 from raydl.errors import LayoutError
-from raydl.parallel.planner import (
-    BlockProfile,
-    ModelProfile,
-    balanced_cuts,
-    evaluate,
-    format_table,
-    plan,
-    validate_layout,
-)
+from raydl.parallel.constraints import validate_layout
+from raydl.parallel.cost_model import balanced_cuts, evaluate
+from raydl.parallel.profile import BlockProfile, ModelProfile
+from raydl.parallel.search import format_table, plan
 from raydl.parallel.schedules import NAMES, bubble_fraction
 
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""parallel.pp_degree=auto: measure every block on this device, for the planner to choose from.
+"""What the planner plans from: each block's time, memory and output size, measured on this device.
 
     raydl plan --workers 4                       # the table of candidate layouts, without training
     raydl train --set parallel.pp_degree=auto
@@ -11,19 +11,48 @@ so every rank plans from the same numbers and picks the same layout.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from raydl.config import JobConfig
+from raydl.errors import LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.registry import ModelSpec
-from raydl.parallel import planner
+from raydl.parallel.schedules import require_positive
 from raydl.train.precision import autocast
 
-__all__ = ["profile_model", "shared_profile", "device_memory_bytes"]
+__all__ = ["BlockProfile", "ModelProfile", "profile_model", "shared_profile", "device_memory_bytes"]
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    name: str
+    fwd_s: float  # forward seconds for ONE micro-batch of `profile.micro_batch` samples
+    bwd_s: float  # backward seconds (input grad + weight grad) for the same micro-batch
+    param_bytes: int
+    activation_bytes: int  # activation memory kept for backward per micro-batch
+    output_bytes: int  # bytes of the block's output per micro-batch (what crosses a stage boundary)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    blocks: tuple[BlockProfile, ...]
+    micro_batch: int  # samples per micro-batch the profile was measured at
+    optimizer_bytes_per_param_byte: float = 2.0  # AdamW: 2 fp32 states per param
+    p2p_bytes_per_s: float = 1e9  # link bandwidth between stages, for the communication term
+    p2p_latency_s: float = 1e-4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        if not self.blocks:
+            raise LayoutError("the model profile has no blocks; profile at least one block")
+        require_positive(micro_batch=self.micro_batch)
+
 
 _REPEATS = 3
 
@@ -59,7 +88,7 @@ def _time_block(block: torch.nn.Module, x: torch.Tensor, precision: str) -> tupl
 
 
 def profile_model(model: BlockModel, spec: ModelSpec, *, micro_batch: int, precision: str,
-                  device: torch.device) -> planner.ModelProfile:
+                  device: torch.device) -> ModelProfile:
     """Measure each block in execution order, feeding it the previous block's real output."""
     model.to(device)
     x = example_inputs(model, spec, micro_batch).to(device)
@@ -68,21 +97,18 @@ def profile_model(model: BlockModel, spec: ModelSpec, *, micro_batch: int, preci
         for name, block in model.blocks.items():
             fwd_s, bwd_s, act_bytes, x = _time_block(block, x, precision)
             param_bytes = sum(p.numel() * p.element_size() for p in block.parameters())
-            blocks.append(planner.BlockProfile(name, fwd_s, bwd_s, param_bytes, act_bytes,
-                                               x.numel() * x.element_size()))
+            blocks.append(BlockProfile(name, fwd_s, bwd_s, param_bytes, act_bytes, x.numel() * x.element_size()))
     model.zero_grad(set_to_none=True)
-    return planner.ModelProfile(blocks=tuple(blocks), micro_batch=micro_batch)
+    return ModelProfile(blocks=tuple(blocks), micro_batch=micro_batch)
 
 
-def shared_profile(model: BlockModel, spec: ModelSpec, cfg: JobConfig, device: torch.device) -> planner.ModelProfile:
+def shared_profile(model: BlockModel, spec: ModelSpec, cfg: JobConfig, device: torch.device) -> ModelProfile:
     """Rank 0's profile on every rank: timings differ between ranks, layouts must not."""
+    measure = functools.partial(profile_model, model, spec, micro_batch=cfg.train.micro_batch_size,
+                                precision=cfg.train.precision, device=device)
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return profile_model(model, spec, micro_batch=cfg.train.micro_batch_size, precision=cfg.train.precision,
-                             device=device)
-    box = [None]
-    if dist.get_rank() == 0:
-        box[0] = profile_model(model, spec, micro_batch=cfg.train.micro_batch_size, precision=cfg.train.precision,
-                               device=device)
+        return measure()
+    box = [measure() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
