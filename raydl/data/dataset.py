@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,32 @@ class DatasetInfo:
         return sum(s.rows for s in self.splits[split])
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        return pafs.FileSystem.from_uri(self.root) if "://" in self.root else (pafs.LocalFileSystem(), self.root)
+        return _fs(self.root)
+
+    @functools.cached_property
+    def shard_paths(self) -> dict[str, tuple[str, ...]]:
+        """Every shard's path, by split; each checked once to stay inside the dataset directory."""
+        return {split: tuple(self.inside(s.file, f"splits.{split}.shards[{i}].file") for i, s in enumerate(shards))
+                for split, shards in self.splits.items()}
+
+    def inside(self, relative: Any, entry: str) -> str:
+        """The path of manifest entry `entry` (a file name relative to the dataset directory), refused
+        unless it stays inside that directory: a manifest comes from elsewhere and must not make raydl
+        read /etc/passwd, another dataset, or whatever a symlink points at."""
+        fs, root = self.filesystem()
+        parts = PurePosixPath(relative).parts if isinstance(relative, str) else ()
+        path = f"{root.rstrip('/')}/{relative}"
+        escapes = (not parts or PurePosixPath(relative).is_absolute() or ".." in parts or "://" in relative
+                   or "\\" in relative or "\0" in relative)
+        if not escapes and isinstance(fs, pafs.LocalFileSystem):
+            real_root = os.path.realpath(root)
+            escapes = os.path.commonpath([real_root, os.path.realpath(path)]) != real_root
+        if escapes:
+            raise DataError(f"'{root.rstrip('/')}/manifest.json' entry {entry} = {relative!r} is not a file inside "
+                            f"the dataset directory (an absolute path, '..', or a symlink out of it); raydl reads only "
+                            f"files inside it. Fix: re-create the dataset with `raydl data prepare`, or make the entry "
+                            f"a file name inside '{root}'.")
+        return path
 
 
 class ShardWriter:
@@ -185,15 +211,25 @@ def open_dataset(path: str) -> DatasetInfo:
                             f"re-create the dataset with `raydl data prepare`.") from None
     if not splits.get("train"):
         raise DataError(f"dataset '{path}' has no rows in its train split. Fix: prepare it again with data in it.")
-    files = [f"{root.rstrip('/')}/{s.file}" for shards in splits.values() for s in shards]
+    info = DatasetInfo(root=path, meta=manifest, splits=splits)
+    files = [p for paths in info.shard_paths.values() for p in paths]
     missing = [i.path for i in fs.get_file_info(files) if i.type == pafs.FileType.NotFound]
     if missing:
         raise DataError(f"dataset '{path}' lists {len(missing)} shard(s) that do not exist, e.g. '{missing[0]}'. "
                         f"Fix: restore the files, or re-create the dataset with `raydl data prepare`.")
     if "schema" not in manifest:   # manifests written before raydl recorded it: read the first footer
-        with fs.open_input_file(files[0]) as f:
-            manifest["schema"] = schema_dict(pq.read_schema(f))
-    return DatasetInfo(root=path, meta=manifest, splits=splits)
+        manifest["schema"] = schema_dict(read_footer(fs, files[0]).schema.to_arrow_schema())
+    return info
+
+
+def read_footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+    """A shard's parquet footer, or a DataError naming the shard."""
+    try:
+        with fs.open_input_file(path) as f:
+            return pq.read_metadata(f)
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"shard '{path}' cannot be read ({e}): it is truncated or not parquet. Fix: re-create the "
+                        f"dataset with `raydl data prepare`.") from None
 
 
 # What each task's models read: columns (and manifest metadata the model is built from).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
@@ -14,13 +15,12 @@ from raydl.errors import DataError
 
 def inspect(path: str, *, verify: bool = False) -> dict[str, Any]:
     info = open_dataset(path)
-    fs, root = info.filesystem()
+    fs, _ = info.filesystem()
     meta = {k: v for k, v in info.meta.items() if k not in ("schema", "splits")}
     splits = {}
     for name, shards in info.splits.items():
-        files = [f"{root.rstrip('/')}/{s.file}" for s in shards]
         splits[name] = {"rows": info.rows(name), "shards": len(shards),
-                        "bytes": sum(i.size or 0 for i in fs.get_file_info(files))}
+                        "bytes": sum(i.size or 0 for i in fs.get_file_info(list(info.shard_paths[name])))}
     report = {"path": path, "meta": meta, "schema": info.meta["schema"], "splits": splits,
               "rows": sum(s["rows"] for s in splits.values()), "bytes": sum(s["bytes"] for s in splits.values()),
               "sample": sample_row(info)}
@@ -29,10 +29,26 @@ def inspect(path: str, *, verify: bool = False) -> dict[str, Any]:
     return report
 
 
+def first_row(info: DatasetInfo) -> dict[str, Any]:
+    """The first row of the first train shard, or a DataError naming the shard."""
+    fs, _ = info.filesystem()
+    path, listed = info.shard_paths["train"][0], info.splits["train"][0].rows
+    try:
+        with fs.open_input_file(path) as f:
+            shard = pq.ParquetFile(f)
+            table = shard.read_row_group(0) if shard.metadata.num_rows else None
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"shard '{path}' (the first of the train split) cannot be read ({e}): it is truncated or "
+                        f"not parquet. Fix: re-create the dataset with `raydl data prepare` (`raydl data inspect "
+                        f"--verify` checks every shard against its sha256).") from None
+    if table is None or table.num_rows == 0:
+        raise DataError(f"shard '{path}' (the first of the train split) has no rows, but manifest.json lists "
+                        f"{listed}. Fix: re-create the dataset with `raydl data prepare`.")
+    return table.slice(0, 1).to_pylist()[0]
+
+
 def sample_row(info: DatasetInfo) -> dict[str, Any]:
-    fs, root = info.filesystem()
-    with fs.open_input_file(f"{root.rstrip('/')}/{info.splits['train'][0].file}") as f:
-        row = pq.ParquetFile(f).read_row_group(0).slice(0, 1).to_pylist()[0]
+    row = first_row(info)
     out = {}
     for key, value in row.items():
         if isinstance(value, list) and len(value) > 16:
@@ -49,10 +65,10 @@ def sample_row(info: DatasetInfo) -> dict[str, Any]:
 
 def verify_checksums(info: DatasetInfo) -> int:
     """Re-hash every shard against manifest.json (reads the whole dataset once); returns the number checked."""
-    fs, root = info.filesystem()
-    shards = [s for split in info.splits.values() for s in split if s.sha256]
-    for shard in shards:
-        path = f"{root.rstrip('/')}/{shard.file}"
+    fs, _ = info.filesystem()
+    shards = [(path, s) for split, paths in info.shard_paths.items()
+              for path, s in zip(paths, info.splits[split]) if s.sha256]
+    for path, shard in shards:
         with fs.open_input_stream(path) as f:
             digest = sha256_stream(f)
         if digest != shard.sha256:

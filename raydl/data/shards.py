@@ -5,9 +5,13 @@ and reads the row groups of one window at a time. The arrow backend calls it in 
 process's prefetch thread (raydl.data.loader), the ray backend in Ray Data read tasks
 (raydl.data.ray_source).
 
-A shard that cannot be read fails with a DataError naming it, unless `data.max_bad_shards`
-allows skipping it: then its rows are masked placeholders (id -1, labels -100, which the
-losses ignore), so batch shapes and every other row's position stay the same.
+Each shard is checked against its sha256 in the manifest when a process first opens it: the
+whole file is hashed on the reading thread (the prefetch thread or a read task, so it overlaps
+training) before any of its rows are used, and once per process, shard and file version.
+
+A shard that cannot be read or does not match its checksum fails with a DataError naming it,
+unless `data.max_bad_shards` allows skipping it: then its rows are masked placeholders (id -1,
+labels -100, which the losses ignore), so batch shapes and every other row's position stay the same.
 """
 
 from __future__ import annotations
@@ -18,12 +22,33 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raydl.checksum import sha256_stream
 from raydl.data.dataset import DatasetInfo, schema_dict
 from raydl.data.order import EpochOrder, RowGroup
 from raydl.errors import DataError
 
 OPEN_SHARDS = 64
 IGNORE_LABEL = -100   # the losses' ignore_index: placeholder rows add nothing to loss or gradient
+
+# (path, size, mtime, sha256) of the shard files this process has hashed and found intact. Per
+# process, not per reader: a Ray Data read task builds a reader for a few windows, and its
+# worker process runs many such tasks.
+_VERIFIED: set[tuple[str, int, int, str]] = set()
+
+
+class ChecksumMismatch(Exception):
+    """A shard's bytes do not hash to the sha256 that manifest.json records for it."""
+
+
+def verify(f: pa.NativeFile, key: tuple[str, int, int, str]) -> None:
+    """Hash the open shard `f` unless this process already has this version of it."""
+    if key in _VERIFIED:
+        return
+    digest = sha256_stream(f)
+    if digest != key[3]:
+        raise ChecksumMismatch(f"its sha256 is {digest[:16]}..., not the {key[3][:16]}... that manifest.json "
+                               f"records: the file was changed or corrupted")
+    _VERIFIED.add(key)
 
 
 def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
@@ -45,7 +70,7 @@ class SplitReader:
 
     def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0):
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
-        self.shards = info.splits[split]
+        self.shards, self.paths = info.splits[split], info.shard_paths[split]
         self.row_groups = tuple(RowGroup(s, i, n) for s, shard in enumerate(self.shards)
                                 for i, n in enumerate(shard.row_groups))
         self.fs, self.root = info.filesystem()
@@ -63,23 +88,35 @@ class SplitReader:
         return self._order
 
     def _read_row_group(self, g: RowGroup) -> pa.Table:
-        path = f"{self.root.rstrip('/')}/{self.shards[g.shard].file}"
+        path = self.paths[g.shard]
         if path in self.bad_shards:
             return self._placeholder(g.rows)
         try:
-            return self._open(path).read_row_group(g.index, use_threads=False)
-        except (OSError, pa.ArrowException) as e:
+            return self._open(g.shard).read_row_group(g.index, use_threads=False)
+        except (OSError, pa.ArrowException, ChecksumMismatch) as e:
             return self._skip(path, g, e)
 
-    def _open(self, path: str) -> pq.ParquetFile:
+    def _open(self, shard: int) -> pq.ParquetFile:
+        path = self.paths[shard]
         if path in self._files:
             self._files.move_to_end(path)
         else:
-            self._files[path] = pq.ParquetFile(self.fs.open_input_file(path))
+            self._files[path] = pq.ParquetFile(self._open_verified(shard))
             self._check_schema(path, self._files[path].schema_arrow)
             if len(self._files) > OPEN_SHARDS:
                 self._files.popitem(last=False)
         return self._files[path]
+
+    def _open_verified(self, shard: int) -> pa.NativeFile:
+        path, sha256 = self.paths[shard], self.shards[shard].sha256
+        f = self.fs.open_input_file(path)
+        try:
+            if sha256:      # hash the very file handle that is then read: what is checked is what is used
+                verify(f, (path, f.size(), self.fs.get_file_info(path).mtime_ns or 0, sha256))
+        except BaseException:
+            f.close()
+            raise
+        return f
 
     def _check_schema(self, path: str, schema: pa.Schema) -> None:
         expected = self.info.meta["schema"]
@@ -116,8 +153,7 @@ class SplitReader:
         return pa.table(columns, schema=self.schema)
 
     def _any_schema(self) -> pa.Schema:
-        for shard in self.shards:
-            path = f"{self.root.rstrip('/')}/{shard.file}"
+        for path in self.paths:
             try:
                 with self.fs.open_input_file(path) as f:
                     return pq.read_schema(f).remove_metadata()

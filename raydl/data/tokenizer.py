@@ -87,8 +87,13 @@ def decoder(info):
     if meta.get("tokenizer_file"):
         from tokenizers import Tokenizer
 
-        fs, base = info.filesystem()
-        with fs.open_input_file(f"{base.rstrip('/')}/{meta['tokenizer_file']}") as f:
-            tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
+        fs, _ = info.filesystem()
+        path = info.inside(meta["tokenizer_file"], "tokenizer_file")
+        try:
+            with fs.open_input_file(path) as f:
+                tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
+        except Exception as e:      # tokenizers raises a plain Exception for a malformed file
+            raise DataError(f"the dataset's tokenizer '{path}' cannot be read ({e}). Fix: re-create the dataset "
+                            f"with `raydl data prepare`.") from None
         return lambda ids: tokenizer.decode([int(t) for t in ids if t != meta["eos"]])
     return None

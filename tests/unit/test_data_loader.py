@@ -1,8 +1,9 @@
-"""The loader on real parquet: deterministic order, bad shards (fail naming the file, or skip exactly once),
-the debug ledger hook."""
+"""The loader on real parquet: deterministic order, bad shards (unreadable or failing their checksum: fail
+naming the file, or skip exactly once), no shard read from outside the dataset, the debug ledger hook."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raydl.checksum import sha256_file
 from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader
@@ -100,12 +102,22 @@ def test_skipped_shard_keeps_the_other_rows_exactly_once(tmp_path):
         epoch_ids(path, 2, max_bad_shards=1)
 
 
+def rehash(path: Path, shard: Path) -> None:
+    """Record `shard`'s current sha256 in the manifest, as if whoever changed it had updated that too."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    for entry in manifest["splits"]["train"]["shards"]:
+        if entry["file"] == shard.name:
+            entry["sha256"] = sha256_file(shard)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_shard_with_another_schema_is_named(tmp_path):
     path = make_dataset(tmp_path)
     f = path / "train-00001.parquet"
     table = pq.read_table(f)
     pq.write_table(table.set_column(1, "input_ids", pa.array(table["input_ids"].to_pylist(),
                                                                      pa.list_(pa.int64()))), f, row_group_size=256)
+    rehash(path, f)       # its checksum matches: only the schema is wrong
     with pytest.raises(DataError, match=rf"shard '{f}' has a different schema.*input_ids: list<"):
         epoch_ids(path, 1)
 
@@ -136,3 +148,43 @@ def test_ledger_hook_records_the_steps_and_fails_once(tmp_path):
 def test_debug_section_is_validated(sets, problem):
     with pytest.raises(ConfigError, match=rf"config field 'debug.fail_at_step'.*{re.escape(problem)}"):
         load_config(None, sets)
+
+
+def flip_a_byte_silently(shard: Path) -> None:
+    """Change one byte of `shard` so that it still reads as valid parquet, with other values: what a bit flip
+    on disk or in transit can do, and what training would otherwise take in without a word."""
+    original, table = shard.read_bytes(), pq.read_table(shard)
+    for offset in range(len(original) // 4, len(original)):
+        changed = bytearray(original)
+        changed[offset] ^= 0x01
+        shard.write_bytes(changed)
+        try:
+            if not pq.read_table(shard).equals(table):
+                return
+        except (OSError, pa.ArrowException):
+            pass
+    raise AssertionError(f"no byte of {shard} changes its values and keeps it readable")
+
+
+def test_a_changed_byte_fails_the_checksum_and_counts_as_a_bad_shard(tmp_path):
+    path = make_dataset(tmp_path)
+    bad = path / "train-00001.parquet"
+    lost = len(pq.read_table(bad))
+    flip_a_byte_silently(bad)
+    with pytest.raises(DataError, match=rf"shard '{bad}'.*sha256.*changed or corrupted.*data.max_bad_shards=0"):
+        epoch_ids(path, 1)
+    per_rank, batches = epoch_ids(path, 2, max_bad_shards=1)
+    assert flat(per_rank).count(-1) == lost and batches[-1].bad_shards == 1
+
+
+@pytest.mark.parametrize("entry", ["../outside.parquet", "/etc/passwd", "link.parquet"])
+def test_the_loader_reads_no_shard_outside_the_dataset(tmp_path, entry):
+    path = make_dataset(tmp_path)
+    (tmp_path / "outside.parquet").write_bytes((path / "train-00000.parquet").read_bytes())
+    (path / "link.parquet").symlink_to(tmp_path / "outside.parquet")
+    info = open_dataset(str(path))
+    shards = (dataclasses.replace(info.splits["train"][0], file=entry), *info.splits["train"][1:])
+    hostile = dataclasses.replace(info, splits={**info.splits, "train": shards})
+    with pytest.raises(DataError, match=rf"entry splits.train.shards\[0\].file = '{re.escape(entry)}' is not a file "
+                                        rf"inside the dataset directory"):
+        StepLoader(hostile, global_batch=GB, dp_rank=0, dp_size=1, seed=0, shuffle=True, position=DataPosition())
