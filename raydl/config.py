@@ -124,6 +124,8 @@ class ScalingSection:
     max_failures: int = _f(3, "Worker-group failures to retry (-1 = unlimited); preemptions are not counted.")
     resize_check_s: float = _f(30.0, "Seconds between checks for a bigger/smaller cluster (Ray default: 60).")
     worker_start_timeout_s: float = _f(15.0, "Seconds to wait for a worker group to start before trying a smaller one (Ray default: 60).")
+    fit_timeout_s: float = _f(600.0, "Seconds to wait, on a cluster given by --address (which may autoscale), until "
+                              "min_workers workers fit before failing with the numbers; a local Ray fails at once.")
 
 
 @dataclass(kw_only=True)
@@ -202,7 +204,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "scaling.min_workers": (0, None, False, False), "scaling.max_workers": (0, None, False, False),
     "scaling.cpus_per_worker": (0, None, False, False), "scaling.gpus_per_worker": (0, None, True, False),
     "scaling.max_failures": (-1, None, True, False), "scaling.resize_check_s": (0, None, False, False),
-    "scaling.worker_start_timeout_s": (0, None, False, False), "telemetry.report_every": (0, None, False, False),
+    "scaling.worker_start_timeout_s": (0, None, False, False), "scaling.fit_timeout_s": (0, None, True, False), "telemetry.report_every": (0, None, False, False),
 }
 
 

@@ -7,7 +7,9 @@ fails in a second with exit code 2 and nothing written.
 
 from __future__ import annotations
 
+import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,9 @@ from raydl.parallel.mesh import Layout
 from raydl.train import checkpoint as ckpt
 
 
+RUN_ID_FILE = "run_id"
+
+
 @dataclass
 class PreparedRun:
     cfg: JobConfig
@@ -29,8 +34,13 @@ class PreparedRun:
     job: dict[str, Any]      # what every worker receives: plain JSON data
 
 
-def prepare_run(cfg: JobConfig, *, resume: str | None = None) -> PreparedRun:
-    """Validate everything checkable on the driver, then create the run directory."""
+def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Path | None = None,
+                launcher: str = "ray", write: bool = True) -> PreparedRun:
+    """Validate everything checkable before any worker starts, then claim the run directory.
+
+    `launcher="ray"`: a new run directory, always (raydl never writes over a run). `"torchrun"`:
+    every rank calls this and only rank 0 writes (`write`); a directory that holds the same
+    config is the same run restarting (torchrun --max-restarts) and is reused as it is."""
     spec = get_spec(cfg.model)
     data_path = resolve_path(cfg, spec.task)
     info = open_dataset(data_path)
@@ -43,15 +53,46 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None) -> PreparedRun:
         ckpt.check_compatible(ckpt.read_state(resume_from),
                               {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
                                "blocks": len(model.blocks)}, resume_from)
-    run_dir = default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S")).resolve()
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError("run.dir", f"'{run_dir}' already holds a run", "choose a new run.dir (raydl never writes "
-                          "over a run), or pass --resume with it to continue from its checkpoint")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-    job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if "://" not in data_path else data_path,
-           "run_dir": str(run_dir), "resume_from": str(resume_from) if resume_from else None}
+    run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
+    run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
+    job = {"config": cfg.to_dict(), "data_path": data_path if "://" in data_path else str(Path(data_path).resolve()),
+           "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None}
     return PreparedRun(cfg, run_dir, job)
+
+
+def claim_run_dir(run_dir: Path, cfg: JobConfig, *, reuse_same_config: bool, write: bool) -> str | None:
+    """Create the run directory with its config.yaml and run id (`write`), or reuse it when that is allowed.
+    Returns the run id (None on the ranks that do not write a new one)."""
+    config_text = dump_yaml(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        same_run = (run_dir / "config.yaml").is_file() and (run_dir / "config.yaml").read_text() == config_text
+        if not (reuse_same_config and same_run):
+            raise ConfigError("run.dir", f"'{run_dir}' already holds a run{'' if same_run else ' with another config'}",
+                              "choose a new run.dir or --run-dir (raydl never writes over a run), or pass --resume "
+                              "with it to continue from its checkpoints in a new run directory")
+        return read_run_id(run_dir)
+    if not write:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_text)
+    run_id = uuid.uuid4().hex[:12]
+    (run_dir / RUN_ID_FILE).write_text(run_id)
+    return run_id
+
+
+def read_run_id(run_dir: Path) -> str:
+    path = run_dir / RUN_ID_FILE
+    return path.read_text().strip() if path.is_file() else run_dir.name
+
+
+def remove_if_never_started(run_dir: Path) -> bool:
+    """Remove a run directory that a failed run left without a step or a checkpoint; True if removed.
+
+    Only the files raydl itself writes before the first step may be there, so nothing of anyone else's goes."""
+    if (run_dir / "metrics.jsonl").exists() or ckpt.all_complete(run_dir):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
 
 
 def check_layout(cfg: JobConfig, *, num_blocks: int) -> None:

@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from raydl.config import JobConfig
-from raydl.driver.prepare import PreparedRun, prepare_run
+from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
+from raydl.errors import ConfigError
 
 
 def ray_env(cfg: JobConfig) -> dict[str, str]:
@@ -39,7 +40,38 @@ def connect(address: str | None, env: dict[str, str]) -> None:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
-        ray.init(runtime_env=runtime_env, include_dashboard=False)
+        # address="local": a private Ray of this process. Plain ray.init() would join any cluster that
+        # `ray start` left on this machine. Loopback node address; Ray 2.60's GCS and raylet still listen on
+        # all interfaces (hard-coded), protected by Ray's token authentication, which is on by default.
+        ray.init(address="local", _node_ip_address="127.0.0.1", runtime_env=runtime_env, include_dashboard=False)
+
+
+def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """How many workers of `per_worker` resources the nodes can place (a worker lives on one node)."""
+    return sum(int(min(node.get(k, 0.0) / v for k, v in per_worker.items() if v > 0)) for node in nodes)
+
+
+def check_cluster_fits(cfg: JobConfig, per_worker: dict[str, float], *, can_grow: bool) -> None:
+    """Fail in seconds, with the numbers, when the cluster can never place scaling.min_workers workers
+    (Ray would retry forever). A cluster that may autoscale gets scaling.fit_timeout_s to grow first."""
+    import ray
+
+    deadline = time.monotonic() + (cfg.scaling.fit_timeout_s if can_grow else 0.0)
+    while True:
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        fit = workers_that_fit(per_worker, nodes)
+        if fit >= cfg.scaling.min_workers:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)   # polling the cluster's node list, bounded by the deadline above
+    asked = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
+    have = ", ".join(f"{k} {sum(n.get(k, 0.0) for n in nodes):g}" for k in per_worker)
+    waited = f" after waiting {cfg.scaling.fit_timeout_s:g} s for the cluster to grow" if can_grow else ""
+    raise ConfigError("scaling.min_workers", f"asks for {cfg.scaling.min_workers} workers of {asked} each, but the "
+                      f"cluster ({len(nodes)} node(s); {have}) can place only {fit}{waited}",
+                      "lower scaling.min_workers, scaling.cpus_per_worker or scaling.gpus_per_worker, or add nodes "
+                      "(an autoscaling cluster: raise scaling.fit_timeout_s)")
 
 
 def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
@@ -74,10 +106,10 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     from raydl.train.loop import train_worker
 
     s, cfg = run.cfg.scaling, run.cfg
-    gpu = use_gpu(cfg)
-    resources = {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if gpu else {})}
+    resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
     storage = cfg.checkpoint.storage_path or str(run.run_dir)
+    gpu = "GPU" in resources
     return RaydlTrainer(
         train_worker,
         train_loop_config=run.job,
@@ -85,7 +117,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
                                      use_gpu=gpu, resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=s.resize_check_s),
         run_config=RunConfig(
-            name="train" if not cfg.checkpoint.storage_path else run.run_dir.name,
+            # A shared storage path holds many runs: the run id keeps two runs of one basename apart.
+            name="train" if not cfg.checkpoint.storage_path else f"{run.run_dir.name}-{run.job['run_id']}",
             storage_path=storage,
             failure_config=FailureConfig(max_failures=s.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
@@ -102,20 +135,35 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     t0 = time.time()
     run = prepare_run(cfg, resume=resume)
     print(f"[raydl] run directory: {run.run_dir}", flush=True)
-    connect(address, ray_env(cfg))
-    warn_if_reads_cannot_run(cfg)
-    from raydl.driver.failure_policy import raydl_error_in
-
     try:
-        result = build_trainer(run).fit()
-    except Exception as e:
-        user_error = raydl_error_in(e)
-        if user_error is None:
-            raise
-        raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
+        result = fit(run, address)
+    except BaseException:
+        if remove_if_never_started(run.run_dir):
+            print(f"[raydl] removed {run.run_dir}: the run failed before its first step", flush=True)
+        raise
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary.update(wall_s=time.time() - t0, checkpoint=result.checkpoint.path if result.checkpoint else None,
                    run_dir=str(run.run_dir))
     summary_path.write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def worker_resources(cfg: JobConfig) -> dict[str, float]:
+    s = cfg.scaling
+    return {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if use_gpu(cfg) else {})}
+
+
+def fit(run: PreparedRun, address: str | None):
+    from raydl.driver.failure_policy import raydl_error_in
+
+    connect(address, ray_env(run.cfg))
+    check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
+    warn_if_reads_cannot_run(run.cfg)
+    try:
+        return build_trainer(run).fit()
+    except Exception as e:
+        user_error = raydl_error_in(e)
+        if user_error is None:
+            raise
+        raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
