@@ -29,11 +29,11 @@ from raydl.errors import TrainingDiverged
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.overrides import build_config
-from raydl.parallel.engine import build_engine
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.records import FinalInfo, WorkerReport
 from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
+from raydl.train.engines import build_engine
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
 from raydl.train.session import RaySession, TorchrunSession, in_ray

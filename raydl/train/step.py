@@ -1,7 +1,7 @@
 """One data-parallel training step: accumulate over micro-batches, then one optimizer step.
 
 Reads top to bottom; every input is an argument. The pipeline-parallel step lives in
-raydl.parallel.pipeline and returns the same `StepStats`.
+raydl.train.engines.PipelineEngine and returns the same `StepStats`.
 """
 
 from __future__ import annotations

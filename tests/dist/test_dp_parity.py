@@ -8,6 +8,7 @@ would hide what this test checks, the averaging of gradients over replicas."""
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,8 +19,8 @@ from raydl.data.builtin import arithmetic_table
 from raydl.data.loader import to_tensors
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
-from raydl.parallel.engine import DataParallelEngine
 from raydl.parallel.mesh import Layout, build_mesh
+from raydl.train.engines import DataParallelEngine
 from raydl.train.optim import build_optimizer
 from raydl.train.step import optimizer_step
 from tests.conftest import run_gloo
@@ -46,7 +47,8 @@ def train(cfg, world_size: int, rank: int) -> dict[str, torch.Tensor]:
     model = spec.build(cfg.model, META)
     layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
     mesh = build_mesh(layout, "cpu") if world_size > 1 else None
-    engine = DataParallelEngine(model, layout, cfg, spec, torch.device("cpu"), mesh)
+    session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
+    engine = DataParallelEngine(model, layout, cfg, spec, session, mesh)
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     per_rank = GLOBAL // world_size
     for batch in batches():

@@ -14,8 +14,8 @@ from raydl.data.dataset import open_dataset, resolve_path
 from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
-from raydl.parallel.engine import build_engine
 from raydl.train import checkpoint as ckpt
+from raydl.train.engines import build_engine
 from raydl.train.loop import train_worker
 from raydl.train.optim import build_optimizer
 from tests.conftest import run_gloo

@@ -1,0 +1,164 @@
+"""An engine = the model laid out over the worker group plus how to run one step on it.
+
+`build_engine` resolves the layout for this world size (`Layout.from_config`), builds the mesh
+and applies the parallelisms in a fixed order: activation checkpointing, pipeline split, then
+data parallelism per stage. The loop only talks to an `Engine`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from raydl.config import JobConfig
+from raydl.models.blocks import BlockModel
+from raydl.models.registry import ModelSpec
+from raydl.parallel.data_parallel import apply_data_parallel
+from raydl.parallel.mesh import Layout, build_mesh
+from raydl.parallel.pipeline import forward_chain, pipeline_model
+from raydl.train import step as train_step
+from raydl.train.optim import clip_grad_norm
+from raydl.train.precision import autocast
+from raydl.train.step import StepStats
+
+__all__ = ["Engine", "DataParallelEngine", "PipelineEngine", "build_engine"]
+
+
+class Engine(Protocol):
+    layout: Layout
+    model: nn.Module          # what checkpoints save and load: parameter names are the same in every layout
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats: ...
+
+    def clip(self, max_norm: float) -> Callable[[], float]:
+        """A function that clips this rank's gradients to a global norm and returns that norm."""
+
+    def evaluate(self, batches: Iterable[dict[str, torch.Tensor]], *, precision: str) -> dict[str, Any]:
+        """Loss, accuracy and batch count, reduced over all ranks."""
+
+
+class DataParallelEngine:
+    """pp == 1: every rank holds the whole model; gradients averaged over the dp axis."""
+
+    def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh):
+        self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
+        model.to(self.device)
+        self.model = apply_data_parallel(model, dp_mesh=mesh["dp"] if mesh is not None else None,
+                                         wrapper=cfg.parallel.dp_wrapper, pp_enabled=False)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.model.parameters()
+
+    def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
+        batches = train_step.micro_batches(tensors, self.layout.num_microbatches)
+        return train_step.forward_backward(self.model, self.spec, batches, precision=self.precision,
+                                           device=self.device, scaler=scaler)
+
+    def clip(self, max_norm: float) -> Callable[[], float]:
+        return lambda: clip_grad_norm(self.model.parameters(), max_norm)
+
+    def evaluate(self, batches, *, precision: str) -> dict[str, Any]:
+        loss_sum, n, correct, counted = train_step.evaluate(self.model, self.spec, batches, precision=precision,
+                                                            device=self.device)
+        return _reduce_eval(loss_sum, n, correct, counted, self.device)
+
+
+class PipelineEngine:
+    """pp > 1: this rank runs its stage(s) of one pipeline; dp replicas of the pipeline over the mesh's dp axis."""
+
+    def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh):
+        self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
+        self.pp_group = mesh["pp"].get_group()
+        self.pp_rank = layout.coords(session.rank)[1]
+        parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=cfg.parallel.dp_wrapper,
+                                        pp_enabled=True)
+        self.schedule, self.stages, self.model = pipeline_model(
+            model, layout=layout, pp_rank=self.pp_rank, pp_group=self.pp_group, device=self.device,
+            parallelize=parallelize, loss_fn=spec.loss)
+        self.is_first = any(s.is_first for s in self.stages)
+        self.is_last = any(s.is_last for s in self.stages)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.model.parameters()
+
+    def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
+        assert scaler is None, "fp16 with pp > 1 is refused by mesh.validate"
+        losses: list[torch.Tensor] = []
+        inputs, targets = (t.to(self.device) for t in self.spec.inputs_targets(tensors))
+        # Inputs only where the first stage is, targets only where the last is. scale_grads=True divides
+        # by m: the gradient of the mean micro-batch loss, as in plain DP.
+        args = (inputs,) if self.is_first else ()
+        with autocast(self.precision, self.device):
+            self.schedule.step(*args, target=targets if self.is_last else None,
+                               losses=losses if self.is_last else None, return_outputs=False)
+        if not self.is_last:
+            return StepStats(loss=0.0, has_loss=False)
+        return StepStats(loss=float(torch.stack(losses).detach().mean()))  # CPU-GPU sync point, once per step
+
+    def clip(self, max_norm: float) -> Callable[[], float]:
+        # Stages hold disjoint parameters: squared norms add up over the pipeline group.
+        return lambda: clip_grad_norm(self.model.parameters(), max_norm, pp_group=self.pp_group)
+
+    @torch.no_grad()
+    def evaluate(self, batches, *, precision: str) -> dict[str, Any]:
+        """Forward-only, batch by batch; loss and accuracy on the last stage, reduced over all ranks."""
+        self.model.eval()
+        totals = [0.0, 0, 0, 0]  # loss sum, batches, correct, counted
+        for batch in batches:
+            inputs, targets = (t.to(self.device) for t in self.spec.inputs_targets(batch))
+            with autocast(precision, self.device):
+                out = forward_chain(inputs, self.stages, layout=self.layout, pp_rank=self.pp_rank,
+                                    pp_group=self.pp_group, device=self.device)
+            if self.is_last:
+                c, k = self.spec.correct(out, targets)
+                totals = [totals[0] + float(self.spec.loss(out, targets)), totals[1] + 1, totals[2] + c,
+                          totals[3] + k]
+        self.model.train()
+        return _reduce_eval(*totals, self.device)
+
+
+def _reduce_eval(loss_sum: float, n: int, correct: int, counted: int, device: torch.device) -> dict[str, Any]:
+    t = torch.tensor([loss_sum, n, correct, counted], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    loss_sum, n, correct, counted = t.tolist()
+    return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(counted, 1), "batches": int(n)}
+
+
+def apply_activation_checkpointing(model: BlockModel) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for name, block in list(model.blocks.items()):
+        model.blocks[name] = checkpoint_wrapper(block)
+
+
+def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -> Layout:
+    """`Layout.from_config`, with a profile of the model measured here when the planner chooses pp."""
+    num_blocks = len(model.blocks)
+    if not Layout.needs_profile(cfg):
+        return Layout.from_config(cfg, session.world_size, num_blocks=num_blocks)
+    from raydl.parallel.profile import device_memory_bytes, shared_profile
+
+    profile = shared_profile(model, spec, cfg, session.device)
+    workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
+    layout = Layout.from_config(cfg, session.world_size, profile, num_blocks=num_blocks,
+                                memory_bytes=device_memory_bytes(session.device, workers_on_host))
+    if session.rank == 0:
+        print(f"[raydl] pp_degree=auto chose {layout.to_dict()}", flush=True)
+    return layout
+
+
+def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -> Engine:
+    layout = choose_layout(model, cfg, spec, session)
+    mesh = build_mesh(layout, session.device.type) if session.world_size > 1 else None
+    if cfg.model.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    engine = PipelineEngine if layout.pp > 1 else DataParallelEngine
+    return engine(model, layout, cfg, spec, session, mesh)
