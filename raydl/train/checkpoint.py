@@ -40,7 +40,7 @@ def checkpoint_name(step: int) -> str:
 
 def is_complete(path: str | Path) -> bool:
     p = Path(path)
-    return (p / STATE_FILE).is_file() and (p / ".metadata").is_file()
+    return (p / STATE_FILE).is_file() and (p / safe_dcp.METADATA_FILE).is_file()
 
 
 def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *, rank: int) -> None:
@@ -49,7 +49,7 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
     path.mkdir(parents=True, exist_ok=True)
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
-    mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / ".metadata"] if rank == 0 else [])
+    mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / safe_dcp.METADATA_FILE] if rank == 0 else [])
     _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
     if rank == 0:
         _write_atomic(path / STATE_FILE, json.dumps({"format": FORMAT, **state}, indent=1))
@@ -211,6 +211,7 @@ def resolve_resume(path: str) -> Path:
         return p.resolve()
     latest = first_valid([str(c) for c in all_complete(p)])
     if latest is None:
-        raise CheckpointError(f"--resume path '{p}' holds no complete checkpoint. Fix: pass a run directory that "
-                              f"saved at least one checkpoint, or start without --resume.")
+        raise CheckpointError(f"--resume path '{p}' holds no usable checkpoint (a warning above names each one "
+                              f"skipped and why). Fix: pass a run directory that saved at least one intact "
+                              f"checkpoint, or start without --resume.")
     return Path(latest).resolve()

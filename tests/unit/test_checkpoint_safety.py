@@ -52,7 +52,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
     (new / ckpt.STATE_FILE).unlink()           # killed before rank 0 wrote its state
     assert ckpt.find_latest(tmp_path) == old
     (old / "files-rank0.json").unlink()          # a shard manifest missing: not intact either
-    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="no complete checkpoint"):
+    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="no usable checkpoint"):
         ckpt.resolve_resume(str(tmp_path))
 
 
