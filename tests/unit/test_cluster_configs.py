@@ -288,6 +288,51 @@ def test_kuberay_pod_settings(path):
     assert all(i.startswith(f"rayproject/ray:{ray.__version__}-") for i in images), images
 
 
+def _documents(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def _containers(spec: dict) -> list[dict]:
+    groups = [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+def check_security(manifest: dict) -> None:
+    """Token auth on and the autoscaler pinned to v2 for every RayCluster (also inside a RayJob)."""
+    if manifest["kind"] not in ("RayCluster", "RayJob"):
+        return
+    spec = ray_cluster_spec(manifest)
+    assert spec.get("authOptions", {}).get("mode") == "token", "token authentication is off"
+    assert spec["autoscalerOptions"].get("version") == "v2", "autoscaler version not pinned to v2"
+    env = {e["name"]: e.get("value") for c in _containers(spec) for e in c.get("env", [])}
+    assert env.get("RAY_AUTH_MODE", "token") == "token", "a container turns token auth off"
+    assert env.get("RAY_enable_autoscaler_v2", "1") == "1", "a container turns autoscaler v2 off"
+
+
+def check_not_exposed(manifest: dict) -> None:
+    """Nothing publishes the dashboard / Jobs API (8265) beyond the Kubernetes cluster."""
+    kind = manifest["kind"]
+    assert kind not in ("Ingress", "Route", "Gateway", "HTTPRoute"), f"a {kind} exposes the cluster"
+    if kind == "Service":
+        assert manifest["spec"].get("type", "ClusterIP") == "ClusterIP", f"Service type {manifest['spec']['type']}"
+    if kind in ("RayCluster", "RayJob"):
+        head = ray_cluster_spec(manifest)["headGroupSpec"]
+        assert head["serviceType"] == "ClusterIP", f"head serviceType {head['serviceType']}"
+        assert not head.get("enableIngress"), "head enableIngress"
+        head_service = head.get("headService", {}).get("spec", {})
+        assert head_service.get("type", "ClusterIP") == "ClusterIP", f"headService type {head_service['type']}"
+
+
+@pytest.mark.parametrize("path", KUBERAY_FILES, ids=_ids(KUBERAY_FILES))
+def test_kuberay_token_auth_on_autoscaler_v2_dashboard_inside(path):
+    documents = _documents(path)
+    assert any(d["kind"] in ("RayCluster", "RayJob") for d in documents)
+    for manifest in documents:
+        check_security(manifest)
+        check_not_exposed(manifest)
+
+
 def test_rayjob_fields():
     job = _load(CLUSTER_DIR / "kuberay" / "rayjob-train.yaml")
     spec = job["spec"]
@@ -377,3 +422,40 @@ def test_kuberay_converter_rejects_broken_groups():
         ]
     with pytest.raises(AssertionError):
         check_kuberay_groups(no_gpu, derive(no_gpu))
+
+
+@pytest.mark.parametrize("break_it, words", [
+    (lambda m: m["spec"].pop("authOptions"), "token authentication is off"),
+    (lambda m: m["spec"].update(authOptions={"mode": "disabled"}), "token authentication is off"),
+    (lambda m: _containers(m["spec"])[0].setdefault("env", []).append({"name": "RAY_AUTH_MODE", "value": "disabled"}),
+     "turns token auth off"),
+    (lambda m: m["spec"]["autoscalerOptions"].pop("version"), "not pinned to v2"),
+    (lambda m: m["spec"]["autoscalerOptions"].update(version="v1"), "not pinned to v2"),
+])
+def test_security_check_catches_auth_and_autoscaler_mistakes(break_it, words):
+    manifest = _load(CLUSTER_DIR / "kuberay" / "raycluster-gpu.yaml")
+    break_it(manifest)
+    with pytest.raises(AssertionError, match=words):
+        check_security(manifest)
+
+
+@pytest.mark.parametrize("break_it, words", [
+    (lambda m: m["spec"]["headGroupSpec"].update(serviceType="LoadBalancer"), "serviceType LoadBalancer"),
+    (lambda m: m["spec"]["headGroupSpec"].update(serviceType="NodePort"), "serviceType NodePort"),
+    (lambda m: m["spec"]["headGroupSpec"].update(enableIngress=True), "enableIngress"),
+    (lambda m: m["spec"]["headGroupSpec"].update(headService={"spec": {"type": "LoadBalancer"}}),
+     "headService type LoadBalancer"),
+])
+def test_exposure_check_catches_a_public_dashboard(break_it, words):
+    manifest = _load(CLUSTER_DIR / "kuberay" / "raycluster-gpu.yaml")
+    break_it(manifest)
+    with pytest.raises(AssertionError, match=words):
+        check_not_exposed(manifest)
+
+
+def test_exposure_check_catches_an_extra_ingress_or_public_service():
+    with pytest.raises(AssertionError, match="Ingress exposes"):
+        check_not_exposed({"kind": "Ingress", "spec": {"rules": [{"http": {"paths": [{"backend": {"service": {
+            "name": "raydl-gpu-head-svc", "port": {"number": 8265}}}}]}}]}})
+    with pytest.raises(AssertionError, match="Service type NodePort"):
+        check_not_exposed({"kind": "Service", "spec": {"type": "NodePort", "ports": [{"port": 8265}]}})
