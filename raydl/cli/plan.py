@@ -37,8 +37,8 @@ def run(args) -> int:
     model = spec.build(cfg.model, info.meta)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     memory = int(args.memory_gb * 2**30) if args.memory_gb else device_memory_bytes(device, args.workers)
-    profile = profile_model(model, spec, micro_batch=cfg.train.micro_batch_size, precision=cfg.train.precision,
-                            device=device)
+    profile = profile_model(model, spec, info.meta, micro_batch=cfg.train.micro_batch_size,
+                            precision=cfg.train.precision, device=device)
     chosen, candidates = plan_layouts(profile, cfg, world_size=args.workers, memory_bytes=memory)
     print(f"{len(profile.blocks)} blocks profiled on {device.type} at micro-batch {profile.micro_batch}; "
           f"{memory / 2**30:.1f} GiB per worker; micro-batches below {min_micro_batch(cfg)} not chosen")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from raydl.config import JobConfig, default_run_dir
 from raydl.data.dataset import check_task, open_dataset, resolve_path
 from raydl.errors import ConfigError
@@ -45,7 +47,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     data_path = resolve_path(cfg, spec.task)
     info = open_dataset(data_path)
     check_task(info, spec.task, spec.name)
-    model = spec.build(cfg.model, info.meta)
+    with torch.device("meta"):     # shapes only: counting blocks and parameters allocates no weights
+        model = spec.build(cfg.model, info.meta)
     check_layout(cfg, num_blocks=len(model.blocks))
     resume_from = None
     if resume:

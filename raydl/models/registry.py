@@ -24,6 +24,7 @@ class ModelSpec:
     inputs_targets: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
     units_per_sample: Callable[[dict[str, Any]], int]   # tokens per sample (or 1 image), for throughput
     flops_per_sample: Callable[[ModelSection, dict[str, Any]], float]   # training FLOPs, for MFU; 0 = unknown
+    example_inputs: Callable[[dict[str, Any], int], torch.Tensor]   # (meta, micro_batch) -> a random model input
 
 
 def _tokens(batch):
@@ -34,6 +35,14 @@ def _images(batch):
     # uint8 HWC-flattened rows -> normalised float NCHW; the shape comes from the dataset manifest.
     x = batch["image"].float().div_(255.0).sub_(0.5).div_(0.25)
     return x, batch["label"].long()
+
+
+def _random_tokens(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
+    return torch.randint(meta["vocab_size"], (micro_batch, meta["seq_len"]))
+
+
+def _random_images(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
+    return torch.randn(micro_batch, *meta["image_shape"])   # as normalised by _images
 
 
 def _build_gpt(m: ModelSection, meta: dict[str, Any]) -> BlockModel:
@@ -48,9 +57,10 @@ REGISTRY: dict[str, ModelSpec] = {
     "gpt": ModelSpec("gpt", tuple(gpt.SIZES), "tokens", _build_gpt, gpt.gpt_loss, gpt.gpt_correct, _tokens,
                      lambda meta: meta["seq_len"],
                      lambda m, meta: meta["seq_len"] * gpt.gpt_flops_per_token(m.size, vocab_size=meta["vocab_size"],
-                                                                               seq_len=meta["seq_len"])),
+                                                                               seq_len=meta["seq_len"]),
+                     _random_tokens),
     "resnet": ModelSpec("resnet", tuple(resnet.SIZES), "images", _build_resnet, resnet.resnet_loss,
-                        resnet.resnet_correct, _images, lambda meta: 1, lambda m, meta: 0.0),
+                        resnet.resnet_correct, _images, lambda meta: 1, lambda m, meta: 0.0, _random_images),
 }
 
 

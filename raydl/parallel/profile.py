@@ -15,6 +15,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,14 +58,6 @@ class ModelProfile:
 _REPEATS = 3
 
 
-def example_inputs(model: BlockModel, spec: ModelSpec, micro_batch: int) -> torch.Tensor:
-    """A batch of the model's input shape, read off its first block (token ids or CIFAR-size images)."""
-    first = next(iter(model.blocks.values()))
-    if spec.task == "tokens":
-        return torch.randint(first.tok.num_embeddings, (micro_batch, first.pos.num_embeddings))
-    return torch.randn(micro_batch, first.conv.in_channels, 32, 32)
-
-
 def _time_block(block: torch.nn.Module, x: torch.Tensor, precision: str) -> tuple[float, float, int, torch.Tensor]:
     """(forward s, backward s, saved activation bytes, output) for one block; best of _REPEATS."""
     fwd, bwd, saved = [], [], 0
@@ -87,11 +80,11 @@ def _time_block(block: torch.nn.Module, x: torch.Tensor, precision: str) -> tupl
     return min(fwd), min(bwd), saved, out.detach()
 
 
-def profile_model(model: BlockModel, spec: ModelSpec, *, micro_batch: int, precision: str,
+def profile_model(model: BlockModel, spec: ModelSpec, meta: dict[str, Any], *, micro_batch: int, precision: str,
                   device: torch.device) -> ModelProfile:
     """Measure each block in execution order, feeding it the previous block's real output."""
     model.to(device)
-    x = example_inputs(model, spec, micro_batch).to(device)
+    x = spec.example_inputs(meta, micro_batch).to(device)
     blocks = []
     with torch.random.fork_rng():   # the profile must not shift the training RNG (dropout)
         for name, block in model.blocks.items():
@@ -102,9 +95,10 @@ def profile_model(model: BlockModel, spec: ModelSpec, *, micro_batch: int, preci
     return ModelProfile(blocks=tuple(blocks), micro_batch=micro_batch)
 
 
-def shared_profile(model: BlockModel, spec: ModelSpec, cfg: JobConfig, device: torch.device) -> ModelProfile:
+def shared_profile(model: BlockModel, spec: ModelSpec, meta: dict[str, Any], cfg: JobConfig,
+                   device: torch.device) -> ModelProfile:
     """Rank 0's profile on every rank: timings differ between ranks, layouts must not."""
-    measure = functools.partial(profile_model, model, spec, micro_batch=cfg.train.micro_batch_size,
+    measure = functools.partial(profile_model, model, spec, meta, micro_batch=cfg.train.micro_batch_size,
                                 precision=cfg.train.precision, device=device)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return measure()

@@ -139,14 +139,14 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
         model.blocks[name] = checkpoint_wrapper(block)
 
 
-def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -> Layout:
+def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Layout:
     """`Layout.from_config`, with a profile of the model measured here when the planner chooses pp."""
     num_blocks = len(model.blocks)
     if not Layout.needs_profile(cfg):
         return Layout.from_config(cfg, session.world_size, num_blocks=num_blocks)
     from raydl.parallel.profile import device_memory_bytes, shared_profile
 
-    profile = shared_profile(model, spec, cfg, session.device)
+    profile = shared_profile(model, spec, meta, cfg, session.device)
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
     layout = Layout.from_config(cfg, session.world_size, profile, num_blocks=num_blocks,
                                 memory_bytes=device_memory_bytes(session.device, workers_on_host))
@@ -155,8 +155,9 @@ def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -
     return layout
 
 
-def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session) -> Engine:
-    layout = choose_layout(model, cfg, spec, session)
+def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Engine:
+    """`meta`: the dataset's, for the planner's example inputs under pp_degree=auto."""
+    layout = choose_layout(model, cfg, spec, session, meta)
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 else None
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)

@@ -18,7 +18,7 @@ from raydl.train import checkpoint as ckpt
 from raydl.train.engines import build_engine
 from raydl.train.loop import train_worker
 from raydl.train.optim import build_optimizer
-from tests.conftest import run_gloo
+from tests.helpers import run_gloo
 
 STEPS = 4
 
@@ -38,11 +38,12 @@ def _load_and_compare(rank: int, world_size: int, overrides: list[str], data_pat
     cfg = load_config(None, overrides)
     spec = get_spec(cfg.model)
     torch.manual_seed(123)                     # a different init: only loading can make the weights equal
-    model = spec.build(cfg.model, open_dataset(data_path).meta)
+    meta = open_dataset(data_path).meta
+    model = spec.build(cfg.model, meta)
     fingerprint = {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
                    "blocks": len(model.blocks)}
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    engine = build_engine(model, cfg, spec, session)
+    engine = build_engine(model, cfg, spec, session, meta)
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     ckpt.load(path, engine.model, optimizer, fingerprint)
     saved = torch.load(full_pt, weights_only=False)["model"]

@@ -5,10 +5,13 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 
 from raydl.cli import main as cli_main
+from raydl.data.builtin import IMAGES_META, TOKENS_META
 from raydl.driver.prepare import check_layout
 from raydl.errors import LayoutError
+from raydl.models.blocks import num_params
 from raydl.models.registry import get_spec
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, validate
@@ -38,6 +41,17 @@ def test_default_cuts_balance_blocks_and_manual_cuts_win():
     assert stage_cuts(_layout("1f1b"), 6) == (3,)
     assert stage_cuts(_layout("zbv"), 6) == (1, 2, 4)          # 4 stages of 1, 1, 2, 2 blocks
     assert stage_cuts(_layout("1f1b", cuts=(1,)), 6) == (1,)
+
+
+@pytest.mark.parametrize("name, meta", [("gpt", TOKENS_META), ("resnet", IMAGES_META)])
+def test_example_inputs_feed_the_model_and_meta_builds_count_like_real_ones(name, meta):
+    cfg = load_config(None, [f"model.name={name}", "model.size=tiny"])
+    spec = get_spec(cfg.model)
+    model = spec.build(cfg.model, meta)
+    assert model(spec.example_inputs(meta, 2)).shape[0] == 2     # what the planner's profile runs
+    with torch.device("meta"):                                     # what the driver counts (prepare_run)
+        shapes_only = spec.build(cfg.model, meta)
+    assert (num_params(shapes_only), len(shapes_only.blocks)) == (num_params(model), len(model.blocks))
 
 
 def test_stages_keep_global_parameter_names():
