@@ -137,18 +137,17 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
 def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     t_start = time.time()
     w, state = start_worker(job)
-    state, stopped_by = fit(w, state)
-    final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
-                      precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
+    state = fit(w, state)
+    final = FinalInfo(samples=state.samples, steps=state.step, eval=evaluate(w), precision=w.cfg.train.precision,
+                      wall_s=time.time() - t_start)
     w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                   step=state.step, final=final))
     w.session.close()
     return dataclasses.asdict(final)
 
 
-def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
-    """The training loop: one optimizer step per global batch, reports and checkpoints at their intervals.
-    Returns the state and the signal that stopped it early (0 = ran to the end)."""
+def fit(w: Worker, state: TrainerState) -> TrainerState:
+    """The training loop: one optimizer step per global batch, reports and checkpoints at their intervals."""
     cfg, layout = w.cfg, w.engine.layout
     batches, saved_on_notice = iter(w.loader), False
     while state.step < w.total_steps:
@@ -168,17 +167,13 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
         checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
-            # Checked only at reports: they are barriers, and a drain deadline is seconds away, not steps.
+            # Checked only at reports: it is a barrier, and a drain deadline is seconds away, not steps.
             if not saved_on_notice and w.session.preemption_notice():
                 checkpoint_due = saved_on_notice = True   # save now; Ray restarts the group smaller later
-            stopped_by = w.session.stop_requested(w.job.get("stop_actor"))
-            report(w, state, stats.has_loss, checkpoint_due=checkpoint_due or bool(stopped_by),
-                   preempted=saved_on_notice)
+            report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, preempted=saved_on_notice)
             if saved_on_notice:
                 w.session.wait_for_restart()
-            if stopped_by:
-                return state, stopped_by
-    return state, 0
+    return state
 
 
 def evaluate(w: Worker) -> dict[str, float]:
