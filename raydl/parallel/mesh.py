@@ -48,9 +48,9 @@ class Layout:
         if cls.needs_profile(cfg):
             chosen, _ = plan_layouts(profile, cfg, world_size=world_size, memory_bytes=memory_bytes)
             pp, schedule, m, cuts = chosen.pp, chosen.schedule, chosen.num_microbatches, chosen.stage_cuts
-        else:   # without a pipeline, the micro-batch count is derived from the batch sizes
+        else:
             pp, schedule, cuts = p.pp_degree, p.schedule, tuple(p.stage_cuts)
-            m = p.num_microbatches if pp > 1 else 0
+            m = p.num_microbatches if pp > 1 else 0   # 0: the accumulation count follows from the batch sizes
             if pp > 1:
                 constraints.check_mesh(num_blocks, world_size, pp, schedule)
         dp = world_size // pp
