@@ -1,4 +1,4 @@
-"""Shared fixtures: one Ray instance per test session, gloo process groups, tiny configs.
+"""Shared fixtures: one Ray instance per test session, tiny configs (helpers: tests/helpers.py).
 
 Environment set here (and in .ci/run): one thread per process, bf16 allowed on this VM's
 CPU (oneDNN capped below AMX, see shared/PIPELINE_NOTES.md 0), Ray kept in its own temp dir.
@@ -16,13 +16,10 @@ os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 torch.set_num_threads(1)
 
@@ -50,30 +47,3 @@ def ray_session():
         k: os.environ[k] for k in ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}})
     yield ray
     ray.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _gloo_entry(rank: int, world_size: int, port: int, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        if dist.is_initialized():   # the code under test may have closed it itself
-            dist.destroy_process_group()
-
-
-def run_gloo(fn, world_size: int, *args) -> None:
-    """Run fn(rank, world_size, *args) in `world_size` spawned processes with a gloo group.
-
-    fn must be importable (module level); results go through files in a tmp dir.
-    """
-    mp.start_processes(_gloo_entry, args=(world_size, free_port(), fn, args), nprocs=world_size,
-                       start_method="spawn", join=True)

@@ -15,7 +15,7 @@ from torch.distributed.fsdp import fully_shard
 from raydl.errors import CheckpointError
 from raydl.models.gpt import build_gpt
 from raydl.train import checkpoint as ckpt
-from tests.conftest import run_gloo
+from tests.helpers import run_gloo
 from tests.unit.test_checkpoint_pickle import forge_metadata
 from tests.unit.test_checkpoint_safety import tiny_state
 

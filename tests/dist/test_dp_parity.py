@@ -23,7 +23,7 @@ from raydl.parallel.mesh import Layout, build_mesh
 from raydl.train.engines import DataParallelEngine
 from raydl.train.optim import build_optimizer
 from raydl.train.step import optimizer_step
-from tests.conftest import run_gloo
+from tests.helpers import run_gloo
 
 STEPS, GLOBAL = 3, 16
 META = {"vocab_size": 16, "seq_len": 8}

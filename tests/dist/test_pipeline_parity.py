@@ -18,7 +18,7 @@ from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.schedules import NAMES
 from raydl.train.engines import PipelineEngine
-from tests.conftest import run_gloo
+from tests.helpers import run_gloo
 
 VOCAB, SEQ, M, ROWS_PER_REPLICA = 32, 8, 4, 8
 

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from raydl.train import checkpoint as ckpt
-from tests.conftest import run_gloo
 from tests.dist.test_resume_parity import job, worker
+from tests.helpers import run_gloo
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from raydl.data.dataset import ensure_builtin
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from raydl.train.loop import train_worker
-from tests.conftest import run_gloo
+from tests.helpers import run_gloo
 
 K = 6
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from tests.conftest import free_port
+from raydl.bench.fault_cluster import poll
+from raydl.bench.procs import cmdline, table
+from tests.helpers import free_port, stop_processes
 
 VENV_BIN = str(Path(sys.executable).parent)   # the job's `python` must be this venv's
 
@@ -95,17 +95,15 @@ def alive_nodes(head: Head) -> list[dict]:
 
 def _wait_ready(head: Head, timeout_s: float) -> None:
     """Until the head's own node is listed: before that the job server answers but cannot run jobs."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def node_listed() -> bool:
         if head.proc.poll() is not None:
             raise RuntimeError(f"ray start exited with {head.proc.returncode}:\n{head.log.read_text()[-3000:]}")
         try:
-            if alive_nodes(head):
-                return
+            return bool(alive_nodes(head))
         except requests.RequestException:   # not listening yet, or answering 5xx while starting
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"Ray head at {head.address} not ready after {timeout_s} s:\n{head.log.read_text()[-3000:]}")
+            return False
+    poll(f"Ray head at {head.address} listing its node", node_listed, timeout_s,
+         lambda: head.log.read_text()[-3000:], every_s=0.5)
 
 
 def stop_head(head: Head, timeout_s: float = 60) -> int:
@@ -119,32 +117,7 @@ def stop_head(head: Head, timeout_s: float = 60) -> int:
         except subprocess.TimeoutExpired:
             head.proc.kill()
             head.proc.wait()
-    leftovers = _pids_mentioning(f"{head.log.parent}/")
-    for pid in leftovers:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while (alive := [p for p in leftovers if _signal(p, 0)]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in alive:
-        _signal(pid, signal.SIGKILL)
+    # Processes whose command line names this head's private temp dir.
+    leftovers = [pid for pid in table() if f"{head.log.parent}/" in cmdline(pid)]
+    stop_processes(leftovers, grace_s=15)
     return len(leftovers)
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    """Processes whose command line contains `text` (Linux /proc): here, a temp dir unique to one head."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode():
-                pids.append(int(entry.name))
-        except OSError:   # exited meanwhile, or not ours to read
-            pass
-    return pids
-
-
-def _signal(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False

@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from raydl import jobs
-from tests.conftest import free_port
+from raydl.bench.fault_cluster import poll
+from tests.helpers import free_port
 from tests.ray.ray_head import VENV_BIN, alive_nodes, short_tmp_dir, start_head, stop_head
 
 pytestmark = pytest.mark.slow
@@ -51,16 +52,6 @@ def fake_cluster_config(tmp: Path, gcs_port: int) -> Path:
     path = tmp / "autoscale.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def poll(what: str, check, deadline_s: float, describe, every_s: float = 1.0):
-    """Call check() until it returns something truthy; fail with `what` and describe() after deadline_s."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if value := check():
-            return value
-        time.sleep(every_s)
-    pytest.fail(f"{what} did not happen within {deadline_s:.0f} s\n{describe()}")
 
 
 def test_elastic_job_scales_fake_cluster_up_and_down():
@@ -101,7 +92,7 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
             return f"timings so far (s since submit): {times}\nnodes: {alive_nodes(head)}\njob logs:\n" + "\n".join(
                 line for line in client.logs(job_id).splitlines() if "Reporting training result" not in line)[-6000:]
 
-        status = poll("the elastic job finishing", progress, deadline_s=420, describe=describe)
+        status = poll("the elastic job finishing", progress, deadline_s=420, describe=describe, every_s=1)
         times["finished"] = time.monotonic() - t0
         logs = client.logs(job_id)
         assert status == "SUCCEEDED", logs[-4000:]
@@ -115,7 +106,7 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
 
         t_end = time.monotonic()
         poll("idle worker nodes being removed", lambda: len(alive_nodes(head)) == 1, deadline_s=150,
-             describe=lambda: f"nodes: {alive_nodes(head)}")
+             describe=lambda: f"nodes: {alive_nodes(head)}", every_s=1)
         times["scale_down_after_finish"] = time.monotonic() - t_end
         print("\n[timing] " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()) +
               f" (since submit; scale-down since the job ended); summary world_sizes {summary['world_sizes']}, "

@@ -10,17 +10,14 @@ lost with the failed attempt and are redone). The union must be the epoch exactl
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from raydl.overrides import load_config
 from raydl.driver.ray_trainer import run_training
+from tests.helpers import attempts, committed_ids, epoch_ids, torchrun_worker
 from tests.unit.test_data_loader import make_dataset
 
 pytestmark = pytest.mark.slow
@@ -29,38 +26,21 @@ GB, STEPS = 64, 32          # 2048 train rows = one epoch of 32 steps
 
 def torchrun(nproc: int, run_dir: Path, data: Path, ledger: Path, *overrides: str,
              fail_at: int | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     fail = [f"debug.fail_at_step={fail_at}"] if fail_at is not None else []
     sets = [f"data.path={data}", f"train.global_batch_size={GB}", "train.micro_batch_size=32", "train.eval_batches=1",
             "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false",
             f"debug.ledger_dir={ledger}", *fail, *overrides]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "raydl.worker", "--run-dir", str(run_dir),
-           *(a for s in sets for a in ("--set", s))]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    return torchrun_worker(nproc, run_dir, sets, timeout_s=240)
 
 
-def committed_ids(ledger: Path) -> list[int]:
-    """Ids of the steps that count: each attempt's steps up to where the next attempt started.
-
-    Attempts are told apart by their start position (each test's attempts start at distinct
-    checkpoints, which `attempt_starts` asserts)."""
-    files = [[json.loads(x) for x in f.read_text().splitlines()] for f in ledger.glob("ledger-*.jsonl")]
-    starts = sorted({(lines[0]["start"]["epoch"], lines[0]["start"]["offset"]) for lines in files})
-    ids = []
-    for header, *records in files:
-        start = (header["start"]["epoch"], header["start"]["offset"])
-        limit = starts[starts.index(start) + 1] if start != starts[-1] else (10**9, 0)
-        ids += [i for r in records if (r["epoch"], r["offset"]) <= limit for i in r["ids"]]
-    return ids
+def committed(ledger: Path) -> list[int]:
+    """The ids of the steps that count, whatever their epoch (these runs train one epoch)."""
+    return [i for ids in committed_ids(ledger).values() for i in ids]
 
 
-def epoch_ids(data: Path) -> list[int]:
-    return sorted(i for f in data.glob("train-*.parquet") for i in pq.read_table(f)["id"].to_pylist())
-
-
-def attempt_starts(ledger: Path) -> list[int]:
-    return sorted({json.loads(f.read_text().splitlines()[0])["start"]["offset"] for f in ledger.glob("ledger-*")})
+def start_offsets(ledger: Path) -> list[int]:
+    """Where each attempt started in the epoch, in time order."""
+    return [attempt.start["offset"] for attempt in attempts(ledger)]
 
 
 def test_worker_failure_mid_epoch_is_exactly_once(tmp_path):
@@ -72,8 +52,8 @@ def test_worker_failure_mid_epoch_is_exactly_once(tmp_path):
     # --max-restarts would start it (torchrun's own in-place restart cannot re-form a gloo group here).
     p = torchrun(2, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}", fail_at=13)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert attempt_starts(ledger) == [0, 10 * GB]              # restarted from the step-10 checkpoint
-    ids = committed_ids(ledger)
+    assert start_offsets(ledger) == [0, 10 * GB]              # restarted from the step-10 checkpoint
+    ids = committed(ledger)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
 
 
@@ -84,10 +64,10 @@ def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     second = torchrun(1, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout and attempt_starts(ledger) == [0, 15 * GB]
-    dp_sizes = {json.loads(f.read_text().splitlines()[0])["dp_size"] for f in ledger.glob("ledger-*")}
+    assert "resumed from" in second.stdout and start_offsets(ledger) == [0, 15 * GB]
+    dp_sizes = {attempt.dp_size for attempt in attempts(ledger)}
     assert dp_sizes == {1, 2}
-    ids = committed_ids(ledger)
+    ids = committed(ledger)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
 
 
@@ -110,13 +90,13 @@ def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_pa
     [restart] = summary["restarts"]
     assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
     assert summary["steps"] == STEPS
-    assert attempt_starts(failure) == [0, 10 * GB]           # Ray restarted the group from the step-10 checkpoint
-    ids = committed_ids(failure)
+    assert start_offsets(failure) == [0, 10 * GB]           # Ray restarted the group from the step-10 checkpoint
+    ids = committed(failure)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
 
     first = raydl_train(data, tmp_path / "run-resize", 2, 15, f"debug.ledger_dir={resize}")
     second = raydl_train(data, tmp_path / "run-resize-1", 1, STEPS, f"debug.ledger_dir={resize}",
                          resume=first["run_dir"])
-    assert second["world_sizes"] == [1] and attempt_starts(resize) == [0, 15 * GB]
-    ids = committed_ids(resize)
+    assert second["world_sizes"] == [1] and start_offsets(resize) == [0, 15 * GB]
+    ids = committed(resize)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)

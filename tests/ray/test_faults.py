@@ -33,8 +33,8 @@ from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
 from raydl.bench.procs import kill
-from tests.ray.fault_harness import (attempt_starts, checkpoints, committed_ids, epoch_ids, ledger, ledger_run,
-                                     open_files, preempted_checkpoints, reference_run)
+from tests.helpers import attempts, committed_ids, epoch_ids, read_ledger
+from tests.ray.fault_harness import checkpoints, ledger, ledger_run, open_files, preempted_checkpoints, reference_run
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +161,7 @@ def test_worker_killed_three_times_mid_epoch(cluster, run_on, reference, data_ca
     for r in summary["restarts"]:
         assert r["cause"].startswith("rank ") and r["resumed_at_step"] % EVERY == 0, r
         assert 0 <= r["steps_redone"] <= EVERY, r
-    assert len(attempt_starts(ledger(run))) == 4
+    assert len(attempts(ledger(run))) == 4
     assert_exactly_once(run, data_cache)
     assert_same_result(summary, reference)
 
@@ -210,15 +210,12 @@ def test_corrupt_newest_checkpoint_then_kill_resumes_from_previous(cluster, run_
 
 # ---------------------------------------------------------------------------------------------------- 6
 def catch_checkpoint_write(run: Run, deadline_s: float) -> tuple[int, str]:
-    """(pid, path): a worker with a DCP shard file open (writing, hashing or uploading a checkpoint)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        for pid in train_workers():
-            for f in open_files(pid):
-                if f.endswith(".distcp"):
-                    return pid, f
-        run.alive()
-    raise TimeoutError(f"no worker was seen writing a checkpoint within {deadline_s} s\n{run.tail()}")
+    """(pid, path): a worker with a DCP shard file open (writing, hashing or uploading a checkpoint).
+
+    Polled without a pause: a write lasts a fraction of a second."""
+    def writing() -> tuple[int, str] | None:
+        return next(((pid, f) for pid in train_workers() for f in open_files(pid) if f.endswith(".distcp")), None)
+    return run.wait_for("a worker writing a checkpoint", writing, deadline_s, every_s=0)
 
 
 def test_kill_during_checkpoint_write_never_loads_partial(cluster, run_on, reference, data_cache):
@@ -230,8 +227,7 @@ def test_kill_during_checkpoint_write_never_loads_partial(cluster, run_on, refer
     partial = Path(path).parent
     problem = ckpt.verify(partial)
     # The step being saved: the last one the killed rank took from its loader (the ledger names files by pid).
-    writing = max(r["offset"] for f in ledger(run).glob(f"ledger-{pid}-*.jsonl")
-                  for r in map(json.loads, f.read_text().splitlines()[1:])) // GB
+    writing = max(step["offset"] for log in read_ledger(ledger(run)) if log.pid == pid for step in log.steps) // GB
     log(f"killed pid {pid} while saving step {writing} ({path}); verify: {problem}")
     assert problem, f"{partial} verified complete: the kill came too late to test a partial write"
     summary = run.finish()
