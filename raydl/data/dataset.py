@@ -30,6 +30,7 @@ from raydl.errors import DataError
 
 FORMAT = "raydl-parquet/1"
 ROW_GROUP_ROWS = 256
+IGNORE_LABEL = -100   # a label that is no label: the losses' ignore_index
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from raydl.errors import DataError
 
@@ -34,20 +35,63 @@ class Progress:
 
 
 def list_sources(src: str, kind: str) -> list[Path]:
-    """Input files, sorted; a glob, one file or a directory (searched recursively)."""
-    if any(c in src for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(src, recursive=True) if os.path.isfile(p))
-        if not files:
-            raise DataError(f"--from {kind} '{src}' matches no files. Fix: check the pattern (quote it so the "
-                            f"shell does not expand it).")
-        return files
+    """Input files, sorted: one file, a directory (searched recursively, following symlinks), or a
+    glob. A path that exists is taken as it is, so a file name may contain glob characters (`[`)."""
     path = Path(src)
-    if not path.exists():
-        raise DataError(f"--from {kind} '{src}' does not exist. Fix: give an existing file, directory or glob.")
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    if not files:
-        raise DataError(f"--from {kind} '{src}' is an empty directory. Fix: put the input files in it or give "
-                        f"another path.")
+    if path.is_dir():
+        files = sorted(_walk(path, ()))
+        if not files:
+            raise DataError(f"--from {kind} '{src}' is an empty directory. Fix: put the input files in it or give "
+                            f"another path.")
+    elif glob.has_magic(src):
+        files = sorted(Path(p) for p in glob.glob(src, recursive=True) if os.path.isfile(p))
+        if not files:
+            bracket = " A '[' starts a character class: write '[[]' for a literal '['." if "[" in src else ""
+            raise DataError(f"--from {kind} '{src}' matches no files. Fix: check the pattern (quote it so the "
+                            f"shell does not expand it).{bracket}")
+    else:
+        raise DataError(f"--from {kind} '{src}' does not exist. Fix: give an existing file, directory or glob.")
+    _refuse_repeats(src, kind, files)
     return files
+
+
+def source_root(src: str) -> Path:
+    """The directory an input is relative to: `src` itself, or a glob's leading part without wildcards."""
+    if Path(src).exists() or not glob.has_magic(src):
+        return Path(src)
+    parts = Path(src).parts
+    literal = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    return Path(*parts[:literal]) if literal else Path(".")
+
+
+def _walk(directory: Path, ancestors: tuple[tuple[int, int], ...]) -> Iterator[Path]:
+    """Files under `directory` (not hidden ones), following symlinks; a link back to a directory above
+    it (a loop) is a DataError rather than an endless walk."""
+    here = directory.stat()
+    ancestors = (*ancestors, (here.st_dev, here.st_ino))
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_dir():
+                there = entry.stat()
+                if (there.st_dev, there.st_ino) in ancestors:
+                    raise DataError(f"'{entry.path}' links back to '{os.path.realpath(entry.path)}', a directory "
+                                    f"it is inside (a symlink loop), so the input has no end. Fix: remove that "
+                                    f"link, or point --from at a directory without loops.")
+                yield from _walk(Path(entry.path), ancestors)
+            elif entry.is_file() and not entry.name.startswith("."):
+                yield Path(entry.path)
+
+
+def _refuse_repeats(src: str, kind: str, files: list[Path]) -> None:
+    """One file reached by two paths (two links to it, or a glob through a symlink loop) would put
+    its rows in the dataset twice."""
+    seen: dict[str, Path] = {}
+    for path in files:
+        first = seen.setdefault(os.path.realpath(path), path)
+        if first != path:
+            first, path = sorted((first, path), key=lambda p: len(str(p)))
+            raise DataError(f"--from {kind} '{src}' reaches the same file as '{first}' and '{path}' (a symlink "
+                            f"loop or a second link), so its rows would be in the dataset twice. Fix: remove the "
+                            f"extra link or loop, or narrow the pattern.")

@@ -18,12 +18,13 @@ written to a temporary sibling directory and renamed at the end: all of it or no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 
 from raydl.data import tokenizer as tokenizers
 from raydl.data.dataset import ShardWriter, write_manifest
-from raydl.data.input_files import Progress, list_sources
+from raydl.data.input_files import Progress, list_sources, source_root
 from raydl.data.prepare_images import IMAGE_SIZE, image_rows
 from raydl.data.prepare_parquet import infer_meta, parquet_passthrough, parquet_task
 from raydl.data.prepare_text import text_pieces, token_rows
@@ -49,42 +50,66 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
         raise DataError(f"--from {kind!r} is not one of {', '.join(KINDS)}. Fix: pick one of them.")
     if shard_rows <= 0 or seq_len <= 0:
         raise DataError(f"--shard-rows {shard_rows} and --seq-len {seq_len} must be positive. Fix: use values > 0.")
-    target = Path(out)
-    if target.exists() and any(target.iterdir()):
-        raise DataError(f"--out '{out}' already exists and is not empty. Fix: choose a new directory (raydl never "
-                        f"writes over a dataset) or delete it.")
+    target = Path(os.path.abspath(out))
+    _check_out(out, target)
     files = list_sources(src, kind)
     bar = Progress(len(files), enabled=progress)
     task = parquet_task(files, column) if kind == "parquet" else {"images": "images"}.get(kind, "text")
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
     try:
+        with writing(out):
+            tmp.mkdir(parents=True)
         if task == "text":
             training = (text for text, _ in text_pieces(kind, files, column, Progress(len(files), enabled=False)))
             tok = tokenizers.load(tokenizer, vocab_size=vocab_size, training_texts=training)
+            with writing(out):
+                saved = tok.save(tmp)
             rows, meta = token_rows(text_pieces(kind, files, column, bar), tok, seq_len), {
-                "task": "tokens", "seq_len": seq_len, **tok.save(tmp)}
+                "task": "tokens", "seq_len": seq_len, **saved}
         elif kind == "images":
-            rows, classes = image_rows(files, Path(src), bar)
+            rows, classes = image_rows(files, source_root(src), bar)
             meta = {"task": "images", "num_classes": len(classes), "image_shape": [3, IMAGE_SIZE, IMAGE_SIZE],
                     "classes": classes}
         else:
             rows, meta = parquet_passthrough(files, bar), {}
-        splits, stats = write_rows(tmp, rows, shard_rows, bar)
+        splits, stats = write_rows(tmp, rows, shard_rows, bar, out=out)
         if not meta:
             meta = infer_meta(task, pq.read_schema(tmp / splits["train"][0]["file"]), stats)
         meta["source"] = {"from": kind, "src": src, "files": len(files), "eval_every": EVAL_EVERY}
-        write_manifest(tmp, meta, splits)
-        if target.exists():
-            target.rmdir()
-        os.rename(tmp, target)
+        with writing(out):
+            write_manifest(tmp, meta, splits)
+            if target.exists():
+                target.rmdir()
+            os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         bar.close()
     return json.loads((target / "manifest.json").read_text())
 
 
-def write_rows(root: Path, rows: Iterable[pa.Table], shard_rows: int, bar: Progress) -> tuple[dict, dict]:
+def _check_out(out: str, target: Path) -> None:
+    if target.exists() and not target.is_dir():
+        raise DataError(f"--out '{out}' is an existing file, not a directory. Fix: give a new directory path for "
+                        f"the dataset (raydl never writes over a file).")
+    if target.exists() and any(target.iterdir()):
+        raise DataError(f"--out '{out}' already exists and is not empty. Fix: choose a new directory (raydl never "
+                        f"writes over a dataset) or delete it.")
+
+
+@contextlib.contextmanager
+def writing(out: str) -> Iterator[None]:
+    """An OSError while writing the dataset (a full or read-only disk) as one DataError naming --out.
+    The dataset is written beside --out and renamed at the end, so a failure leaves nothing there."""
+    try:
+        yield
+    except OSError as e:
+        raise DataError(f"cannot write the dataset to '{out}': {e.strerror or e}. Fix: free space on that disk, "
+                        f"or choose a writable --out; nothing was left there (the partial copy was "
+                        f"removed).") from None
+
+
+def write_rows(root: Path, rows: Iterable[pa.Table], shard_rows: int, bar: Progress, *,
+               out: str) -> tuple[dict, dict]:
     """Number the rows, route every EVAL_EVERY-th to eval, write both splits; also streams maxima for metadata."""
     writers = {s: ShardWriter(root, s, shard_rows=shard_rows) for s in ("train", "eval")}
     next_id, stats = 0, {"max_token": 0, "max_label": 0}
@@ -94,10 +119,12 @@ def write_rows(root: Path, rows: Iterable[pa.Table], shard_rows: int, bar: Progr
         _update_stats(stats, table)
         table = table.add_column(0, "id", pa.array(ids))
         is_eval = ids % EVAL_EVERY == 0
-        writers["eval"].add(table.filter(pa.array(is_eval)))
-        writers["train"].add(table.filter(pa.array(~is_eval)))
+        with writing(out):
+            writers["eval"].add(table.filter(pa.array(is_eval)))
+            writers["train"].add(table.filter(pa.array(~is_eval)))
         bar.update(rows=table.num_rows)
-    splits = {s: w.close() for s, w in writers.items()}
+    with writing(out):
+        splits = {s: w.close() for s, w in writers.items()}
     if not splits["train"]:
         raise DataError(f"the input gave {next_id} rows, too few for a train split (every {EVAL_EVERY}th row goes "
                         f"to eval; text needs more than seq_len tokens per row). Fix: add data or lower --seq-len.")

@@ -6,6 +6,7 @@ shuffled with a fixed seed first, so a class is not one long run of rows.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -44,8 +45,14 @@ def _load_image(path: Path) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
-            rgb = img.convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
-            return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+        with warnings.catch_warnings():
+            # Pillow only warns up to twice its pixel limit: a few-KB file can still decode to gigabytes.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                rgb = img.convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
+                return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(f"image '{path}' is too large to decode safely ({e}). Fix: remove it, or shrink it below "
+                        f"Pillow's limit of {Image.MAX_IMAGE_PIXELS:,} pixels before preparing.") from None
     except (OSError, UnidentifiedImageError) as e:
         raise DataError(f"image '{path}' cannot be read ({e}). Fix: remove or replace that file.") from None

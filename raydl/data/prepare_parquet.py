@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raydl.data.dataset import is_parquet
+from raydl.data.dataset import IGNORE_LABEL, is_parquet
 from raydl.data.input_files import Progress
 from raydl.errors import DataError
 
@@ -25,8 +26,14 @@ def parquet_task(files: list[Path], column: str) -> str:
     schema = _common_schema(files)
     names = set(schema.names) - {"id"}
     if "input_ids" in names:
+        _check_fixed_size(files[0], schema, [n for n in ("input_ids", "labels") if n in names])
         return "tokens"
     if {"image", "label"} <= names:
+        _check_fixed_size(files[0], schema, ["image"])
+        if image_side(schema) is None:
+            raise DataError(f"parquet '{files[0]}' column image has {schema.field('image').type.list_size} values "
+                            f"per row, not 3xHxH. Fix: store square RGB images flattened as a fixed-size list of "
+                            f"uint8.")
         return "images"
     if column in names and (pa.types.is_string(schema.field(column).type)
                             or pa.types.is_large_string(schema.field(column).type)):
@@ -34,6 +41,28 @@ def parquet_task(files: list[Path], column: str) -> str:
     raise DataError(f"parquet '{files[0]}' has columns {', '.join(schema.names)}: raydl cannot tell the task. "
                     f"Fix: provide input_ids/labels (tokens), image/label (images), or a text column via "
                     f"--column NAME.")
+
+
+def _check_fixed_size(path: Path, schema: pa.Schema, columns: list[str]) -> None:
+    for name in columns:
+        kind = schema.field(name).type
+        if not pa.types.is_fixed_size_list(kind):
+            raise DataError(f"parquet '{path}' column {name} is {kind}, whose rows may differ in length (images of "
+                            f"different sizes, sequences of different lengths), but a model takes one shape. Fix: "
+                            f"give every row the same shape (resize the images, pack the tokens) and write the "
+                            f"column as a fixed-size list (pa.FixedSizeListArray).")
+
+
+def image_side(schema: pa.Schema) -> int | None:
+    """H of an image column of 3xHxH values per row, or None when it is not square RGB."""
+    size = schema.field("image").type.list_size
+    side = math.isqrt(size // 3)
+    return side if 3 * side * side == size else None
+
+
+def _unreadable(path: Path, error: Exception) -> DataError:
+    return DataError(f"parquet file '{path}' cannot be read ({' '.join(str(error).split())}): it is corrupt or "
+                     f"truncated. Fix: remove or re-export it.")
 
 
 def _common_schema(files: list[Path]) -> pa.Schema:
@@ -44,8 +73,8 @@ def _common_schema(files: list[Path]) -> pa.Schema:
                             f"or prepare it with --from text|jsonl|images.")
         try:
             schema = pq.read_schema(path).remove_metadata()
-        except pa.ArrowException as e:
-            raise DataError(f"parquet file '{path}' cannot be read ({e}). Fix: remove or re-export it.") from None
+        except (OSError, pa.ArrowException) as e:
+            raise _unreadable(path, e) from None
         if first is None:
             first = (path, schema)
         elif not schema.equals(first[1]):
@@ -56,31 +85,46 @@ def _common_schema(files: list[Path]) -> pa.Schema:
     return first[1]
 
 
-def parquet_batches(files: list[Path], progress: Progress, columns=None) -> Iterator[pa.RecordBatch]:
-    for path in files:
+def file_batches(path: Path, progress: Progress, columns=None) -> Iterator[pa.RecordBatch]:
+    try:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=columns):
             progress.update(nbytes=batch.nbytes)
             yield batch
-        progress.update(files=1)
+    except (OSError, pa.ArrowException) as e:      # a footer that parses over pages that do not
+        raise _unreadable(path, e) from None
+    progress.update(files=1)
 
 
 def parquet_passthrough(files: list[Path], progress: Progress) -> Iterator[pa.Table]:
     keep = [n for n in pq.read_schema(files[0]).names if n != "id"]     # raydl assigns its own stable ids
-    for batch in parquet_batches(files, progress, keep):
-        yield pa.Table.from_batches([batch])
+    for path in files:
+        for batch in file_batches(path, progress, keep):
+            _check_ids(path, batch)
+            yield pa.Table.from_batches([batch])
+
+
+def _check_ids(path: Path, batch: pa.RecordBatch) -> None:
+    """Token ids and labels index embeddings and classes: a negative one (but the ignored label) would
+    crash training or silently index from the end."""
+    for name in ("input_ids", "labels", "label"):
+        if name not in batch.schema.names:
+            continue
+        values = batch.column(name)
+        values = pc.list_flatten(values) if pa.types.is_fixed_size_list(values.type) else values
+        if name != "input_ids":
+            values = pc.if_else(pc.equal(values, IGNORE_LABEL), 0, values)
+        lowest = pc.min(values).as_py()
+        if lowest is not None and lowest < 0:
+            allowed = "" if name == "input_ids" else f" (or {IGNORE_LABEL}, a position without a label)"
+            raise DataError(f"parquet '{path}' column {name} holds {lowest}, a negative id: ids must be >= 0"
+                            f"{allowed}. Fix: correct the ids in that file (e.g. a tokenizer's unknown-token -1 "
+                            f"mapped to a real token).")
 
 
 def infer_meta(task: str, schema: pa.Schema, stats: dict) -> dict:
     """Model metadata of a passed-through parquet table, from its schema and the streamed maxima."""
     if task == "tokens":
-        t = schema.field("input_ids").type
-        if not pa.types.is_fixed_size_list(t):
-            raise DataError(f"column input_ids is {t}, not a fixed-size list. Fix: write it as "
-                            f"pa.FixedSizeListArray (one fixed sequence length).")
-        return {"task": "tokens", "vocab_size": int(stats["max_token"]) + 1, "seq_len": t.list_size}
-    size = schema.field("image").type.list_size // 3
-    side = math.isqrt(size)
-    if side * side != size:
-        raise DataError(f"column image has {size * 3} values per row, not 3xHxH. Fix: store square RGB images "
-                        f"flattened as a fixed-size list of uint8.")
+        return {"task": "tokens", "vocab_size": int(stats["max_token"]) + 1,
+                "seq_len": schema.field("input_ids").type.list_size}
+    side = image_side(schema)
     return {"task": "images", "num_classes": int(stats["max_label"]) + 1, "image_shape": [3, side, side]}

@@ -8,6 +8,7 @@ pieces that end at a newline, so no word or UTF-8 character is split between pie
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydl.data.input_files import Progress
-from raydl.data.prepare_parquet import parquet_batches
+from raydl.data.prepare_parquet import file_batches
 from raydl.errors import DataError
 
 CHUNK_BYTES = 1 << 20
@@ -49,28 +50,56 @@ def tokens_table(inputs: np.ndarray, labels: np.ndarray) -> pa.Table:
 def text_pieces(kind: str, files: list[Path], column: str, progress: Progress) -> Iterator[tuple[bytes, bool]]:
     """(UTF-8 text, whether it ends a document) in input order, each piece about CHUNK_BYTES or less.
     A document is a text file, a JSON line's --column field, or a parquet row's --column value."""
-    if kind == "text":
-        for path in files:
-            with open(path, "rb") as f:
-                previous = b""
-                for piece in _line_pieces(f):
-                    progress.update(nbytes=len(piece))
-                    if previous:
-                        yield previous, False
-                    previous = piece
-                yield previous, True
-            progress.update(files=1)
-    elif kind == "jsonl":
-        for path in files:
-            with open(path, "rb") as f:
-                for lineno, line in enumerate(f, 1):
-                    progress.update(nbytes=len(line))
-                    if line.strip():
-                        yield _record_text(path, lineno, line, column), True
-            progress.update(files=1)
-    else:
-        for batch in parquet_batches(files, progress, [column]):
-            yield from ((value.encode("utf-8"), True) for value in batch.column(0).to_pylist() if value)
+    pieces = {"text": _text_file_pieces, "jsonl": _jsonl_pieces, "parquet": _parquet_pieces}[kind]
+    for path in files:
+        yield from pieces(path, column, progress)
+
+
+def _text_file_pieces(path: Path, column: str, progress: Progress) -> Iterator[tuple[bytes, bool]]:
+    utf8, offset, previous = codecs.getincrementaldecoder("utf-8")(), 0, b""
+    with open(path, "rb") as f:
+        for piece in _line_pieces(f):
+            _check_utf8(path, utf8, piece, offset)
+            offset += len(piece)
+            progress.update(nbytes=len(piece))
+            if previous:
+                yield previous, False
+            previous = piece
+    _check_utf8(path, utf8, b"", offset, final=True)
+    yield previous, True
+    progress.update(files=1)
+
+
+def _check_utf8(path: Path, utf8: codecs.IncrementalDecoder, piece: bytes, offset: int, final: bool = False) -> None:
+    """Decode to check, with the decoder carrying a character cut between pieces: the byte tokenizer
+    would take anything, but the dataset promises UTF-8 (BPE and `raydl data inspect` decode it)."""
+    pending = len(utf8.getstate()[0])
+    try:
+        utf8.decode(piece, final)
+    except UnicodeDecodeError as e:
+        raise DataError(f"'{path}' is not UTF-8 text: byte {offset - pending + e.start} is {e.reason} "
+                        f"({e.object[e.start:e.start + 3]!r}: a lone surrogate, or another encoding such as Latin-1 "
+                        f"or UTF-16). Fix: convert the file to UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8`), or remove "
+                        f"it from the input.") from None
+
+
+def _jsonl_pieces(path: Path, column: str, progress: Progress) -> Iterator[tuple[bytes, bool]]:
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            progress.update(nbytes=len(line))
+            if line.strip():
+                yield _record_text(path, lineno, line, column), True
+    progress.update(files=1)
+
+
+def _parquet_pieces(path: Path, column: str, progress: Progress) -> Iterator[tuple[bytes, bool]]:
+    for batch in file_batches(path, progress, [column]):
+        try:
+            values = batch.column(0).to_pylist()
+        except UnicodeDecodeError as e:     # Arrow does not validate the UTF-8 of a string column it reads
+            raise DataError(f"parquet '{path}' column {column} holds text that is not UTF-8 ({e.reason}). Fix: "
+                            f"re-export the file with valid UTF-8 strings.") from None
+        yield from ((value.encode("utf-8"), True) for value in values if value)
 
 
 def _line_pieces(f) -> Iterator[bytes]:
@@ -117,4 +146,9 @@ def _record_text(path: Path, lineno: int, line: bytes, column: str) -> bytes:
         have = ", ".join(record) if isinstance(record, dict) else type(record).__name__
         raise DataError(f"'{path}' line {lineno} has no string field '{column}' (it has: {have}). Fix: pass "
                         f"--column NAME with the field that holds the text.")
-    return value.encode("utf-8")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:      # a JSON escape such as "\ud800" decodes to half a character
+        raise DataError(f"'{path}' line {lineno} field '{column}' holds a lone surrogate ({e.object[e.start]!r}), "
+                        f"half of a UTF-16 pair, which is not text. Fix: repair or remove that line (its writer "
+                        f"split a character).") from None

@@ -23,12 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
-from raydl.data.dataset import DatasetInfo, schema_dict
+from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, schema_dict
 from raydl.data.order import EpochOrder, RowGroup
 from raydl.errors import DataError
 
 OPEN_SHARDS = 64
-IGNORE_LABEL = -100   # the losses' ignore_index: placeholder rows add nothing to loss or gradient
 
 # (path, size, mtime, sha256) of the shard files this process has hashed and found intact. Per
 # process, not per reader: a Ray Data read task builds a reader for a few windows, and its
@@ -143,6 +142,7 @@ class SplitReader:
             self.schema = self._any_schema()
         columns = {}
         for field in self.schema:
+            # placeholder rows add nothing to loss or gradient
             fill = -1 if field.name == "id" else IGNORE_LABEL if field.name in ("label", "labels") else 0
             if pa.types.is_fixed_size_list(field.type):
                 n = field.type.list_size

@@ -107,6 +107,21 @@ def test_jsonl_column_and_images(tmp_path, capsys):
     assert "images data, 40 rows" in out and "checksums: 2 shard(s) match" in out and "class: " in out
 
 
+def test_inputs_named_literally_by_glob_or_through_a_link(tmp_path):
+    """A file name with '[' is that file; an image glob's classes are the folders under its fixed part;
+    a linked directory (not a loop) is read like any other."""
+    literal = write_texts(tmp_path / "notes[1]", files=1) / "doc0.txt"
+    assert prepare("text", str(literal), str(tmp_path / "a"), seq_len=16, progress=False)["rows"] > 0
+    write_images(tmp_path / "imgs", per_class=3)
+    m = prepare("images", str(tmp_path / "imgs" / "*" / "*.png"), str(tmp_path / "b"), progress=False)
+    assert m["classes"] == ["blue", "red"] and m["rows"] == 6
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "linked").symlink_to(tmp_path / "notes[1]")
+    write_texts(tmp_path / "mixed" / "own", files=1)
+    m = prepare("text", str(tmp_path / "mixed"), str(tmp_path / "c"), seq_len=16, progress=False)
+    assert m["source"]["files"] == 2
+
+
 def test_parquet_passthrough_infers_metadata(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
