@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 -m raydl.worker --config my.yaml --run-dir runs/debug
     torchrun --nproc-per-node 1 -m raydl.worker --set model.size=gpt2 --set train.precision=bf16
+    python -m raydl.worker --set train.max_steps=100          # one process, no torchrun, no process group
 
 A run directory that already has checkpoints is resumed from its latest one, which is what
 torchrun's own restarts (--max-restarts) need.
@@ -39,9 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     except RaydlError as e:   # bad input, or found mid-run (a corrupt shard): the last checkpoint stays
         print(f"raydl: error: {e}", file=sys.stderr)
         return e.exit_code
+    summary = json.loads((run.run_dir / "summary.json").read_text()) if rank0 else {}
     if rank0:
-        print(json.dumps(json.loads((run.run_dir / "summary.json").read_text()), indent=1))
-    return 0
+        print(json.dumps(summary, indent=1))
+    signum = summary.get("stopped_by_signal", 0)
+    if signum:
+        print(f"[raydl] stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; rerun the same "
+              f"command to resume", file=sys.stderr, flush=True)
+    return 128 + signum if signum else 0
 
 
 if __name__ == "__main__":

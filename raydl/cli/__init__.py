@@ -40,11 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     except RaydlError as e:
         print(f"raydl: error: {e}", file=sys.stderr)
         return e.exit_code
-    except ValueError as e:  # planner and other pure modules raise ValueError subclasses for user errors
-        if type(e).__module__.startswith("raydl"):
-            print(f"raydl: error: {e}", file=sys.stderr)
-            return 2
-        raise
     except KeyboardInterrupt:
         print("raydl: interrupted", file=sys.stderr)
         return 130

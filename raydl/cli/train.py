@@ -21,4 +21,5 @@ def run(args) -> int:
     cfg = config_from_args(args)
     summary = run_training(cfg, address=args.address, resume=args.resume)
     print(json.dumps(summary, indent=1))
-    return 0
+    signum = summary.get("stopped_by_signal", 0)
+    return 128 + signum if signum else 0

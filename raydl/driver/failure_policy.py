@@ -45,11 +45,15 @@ class FailFastOnRaydlErrors(FailurePolicy):
 
 
 class RaydlTrainer(TorchTrainer):
-    """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy.
+    """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy, and
+    that leaves Ctrl-C to raydl's handler.
 
-    Ray 2.60 builds the policy inside `fit()` with no public hook; this override of the one method that
-    receives it is pinned by pyproject's ray range and tested in tests/ray/test_fail_fast.py."""
+    Ray 2.60 builds the policy inside `fit()` with no public hook; these overrides of the two methods involved
+    are pinned by pyproject's ray range and tested (tests/unit/test_failure_policy.py, tests/ray/test_stop.py)."""
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
         controller_init_kwargs["failure_policy"] = FailFastOnRaydlErrors(controller_init_kwargs["failure_policy"])
         return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    def _register_sigint_handler(self, controller) -> None:
+        """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.driver.stop`) checkpoints first."""

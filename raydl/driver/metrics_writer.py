@@ -98,6 +98,7 @@ class MetricsWriter:
             "restarts": self.restarts,
             "precision": final.precision,
             "wall_s": final.wall_s,
+            "stopped_by_signal": final.stopped_by_signal,
             "checkpoint": self.last_checkpoint,
         }
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
+from raydl.driver.stop import SignalStop, start_stop_request
 from raydl.errors import ConfigError
 
 
@@ -146,6 +147,9 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     summary.update(wall_s=time.time() - t0, checkpoint=result.checkpoint.path if result.checkpoint else None,
                    run_dir=str(run.run_dir))
     summary_path.write_text(json.dumps(summary, indent=1))
+    if summary.get("stopped_by_signal"):
+        print(f"[raydl] stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
+              f"raydl train --resume {run.run_dir}", flush=True)
     return summary
 
 
@@ -160,8 +164,11 @@ def fit(run: PreparedRun, address: str | None):
     connect(address, ray_env(run.cfg))
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
     warn_if_reads_cannot_run(run.cfg)
+    run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
+    stop = start_stop_request(run.job["stop_actor"])
     try:
-        return build_trainer(run).fit()
+        with SignalStop(on_first=lambda signum: stop.request.remote(signum)):
+            return build_trainer(run).fit()
     except Exception as e:
         user_error = raydl_error_in(e)
         if user_error is None:

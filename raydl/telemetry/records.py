@@ -60,6 +60,7 @@ class FinalInfo:
     eval: dict[str, float]
     precision: str
     wall_s: float
+    stopped_by_signal: int = 0   # SIGINT/SIGTERM that stopped the run early with a checkpoint; 0 = ran to the end
 
 
 @dataclass(kw_only=True)

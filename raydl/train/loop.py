@@ -71,7 +71,8 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint) -> Train
 def mean_over_loss_ranks(values: list[float], has_loss: bool, device: torch.device) -> list[float]:
     """Average per-step losses over the ranks that computed one (all of DP; the last stage of PP)."""
     t = torch.tensor([v if has_loss else 0.0 for v in values] + [float(has_loss)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    if dist.is_initialized():
+        dist.all_reduce(t)
     return (t[:-1] / t[-1]).tolist()
 
 
@@ -137,17 +138,18 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
 def train_worker(job: dict[str, Any]) -> dict[str, Any]:
     t_start = time.time()
     w, state = start_worker(job)
-    state = fit(w, state)
-    final = FinalInfo(samples=state.samples, steps=state.step, eval=evaluate(w), precision=w.cfg.train.precision,
-                      wall_s=time.time() - t_start)
+    state, stopped_by = fit(w, state)
+    final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
+                      precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
     w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                   step=state.step, final=final))
     w.session.close()
     return dataclasses.asdict(final)
 
 
-def fit(w: Worker, state: TrainerState) -> TrainerState:
-    """The training loop: one optimizer step per global batch, reports and checkpoints at their intervals."""
+def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
+    """The training loop: one optimizer step per global batch, reports and checkpoints at their intervals.
+    Returns the state and the signal that stopped it early (0 = ran to the end)."""
     cfg, layout = w.cfg, w.engine.layout
     batches, saved_on_notice = iter(w.loader), False
     while state.step < w.total_steps:
@@ -167,13 +169,17 @@ def fit(w: Worker, state: TrainerState) -> TrainerState:
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
         checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
-            # Checked only at reports: it is a barrier, and a drain deadline is seconds away, not steps.
+            # Checked only at reports: they are barriers, and a drain deadline is seconds away, not steps.
             if not saved_on_notice and w.session.preemption_notice():
                 checkpoint_due = saved_on_notice = True   # save now; Ray restarts the group smaller later
-            report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, preempted=saved_on_notice)
+            stopped_by = w.session.stop_requested(w.job.get("stop_actor"))
+            report(w, state, stats.has_loss, checkpoint_due=checkpoint_due or bool(stopped_by),
+                   preempted=saved_on_notice)
             if saved_on_notice:
                 w.session.wait_for_restart()
-    return state
+            if stopped_by:
+                return state, stopped_by
+    return state, 0
 
 
 def evaluate(w: Worker) -> dict[str, float]:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from raydl.driver.metrics_writer import MetricsWriter
+from raydl.driver.stop import SignalStop
 from raydl.telemetry.records import WorkerReport
 from raydl.train import checkpoint as ckpt
 
@@ -64,6 +65,13 @@ class RaySession:
     def preemption_notice(self) -> bool:
         """True once a node of this group got a drain/preemption notice (a barrier: call on every rank)."""
         return self._train.get_preemption_info() is not None
+
+    def stop_requested(self, actor_name: str | None) -> int:
+        """The signal the driver got (0 = none), the same on every rank (a barrier: call on every rank)."""
+        import ray
+
+        asked = ray.get(ray.get_actor(actor_name).requested.remote()) if actor_name else 0
+        return agree_on_max(asked, self.device)
 
     def wait_for_restart(self) -> None:
         """After the checkpoint at a preemption notice: stop stepping until Ray replaces this worker group.
@@ -110,11 +118,13 @@ class TorchrunSession:
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.device = pick_device(self.local_rank)
-        self.owns_group = not dist.is_initialized()   # a caller's group is the caller's to close
+        # A caller's group is the caller's to close; a lone process started without torchrun needs none.
+        self.owns_group = not dist.is_initialized() and "RANK" in os.environ
         if self.owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.run_dir, self.keep = Path(run_dir), keep
         self.writer = MetricsWriter(self.run_dir, progress=progress) if self.rank == 0 else None
+        self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
@@ -123,10 +133,14 @@ class TorchrunSession:
     def preemption_notice(self) -> bool:
         return False   # torchrun has no drain notices; its restarts resume from the run directory
 
+    def stop_requested(self, actor_name: str | None) -> int:
+        return agree_on_max(self.signals.signum, self.device)
+
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         path = self.run_dir / "train" / ckpt.checkpoint_name(step)
         save_fn(str(path))
-        dist.barrier()
+        if dist.is_initialized():
+            dist.barrier()
         if self.rank == 0:
             for old in ckpt.all_complete(self.run_dir)[self.keep:]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -139,6 +153,14 @@ class TorchrunSession:
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def agree_on_max(value: int, device: torch.device) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
 
 
 def in_ray() -> bool:
