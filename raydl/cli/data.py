@@ -11,7 +11,8 @@ def register(sub) -> None:
 
     prep = cmds.add_parser("prepare", help="Convert text, JSON lines, image folders or parquet into a raydl dataset "
                            "(streaming, bounded memory).")
-    prep.add_argument("src", help="Input: a file, a directory (recursive) or a quoted glob such as 'corpus/*.txt'.")
+    prep.add_argument("src", help="Input: a file, a directory (recursive, following symlinks) or a quoted glob such as "
+                      "'corpus/*.txt'; a path that exists is taken as it is, even with '[' in its name.")
     prep.add_argument("--from", dest="kind", required=True, choices=("text", "jsonl", "images", "parquet"),
                       help="Input kind. images: one subfolder per class.")
     prep.add_argument("--out", required=True, help="Output dataset directory (must not exist or be empty).")
@@ -27,7 +28,8 @@ def register(sub) -> None:
 
     ins = cmds.add_parser("inspect", help="Schema, rows, shards, size and a sample row of a dataset.")
     ins.add_argument("path", help="Dataset directory or URI.")
-    ins.add_argument("--verify", action="store_true", help="Also check every shard's sha256 (reads all data).")
+    ins.add_argument("--verify", action="store_true", help="Also check every shard's sha256 (reads all data; "
+                     "training checks each shard when it first reads it).")
     ins.add_argument("--json", action="store_true", help="Print JSON instead of text.")
     ins.set_defaults(func=run_inspect)
 

@@ -1,6 +1,6 @@
 """data.backend=ray reads the same rows, in the same order, at the same positions as the arrow
 backend (tokens), applies the same augmentation through map_batches (images), names a corrupt
-shard as the arrow backend does, and streams a dataset larger than the object store."""
+shard (unreadable, or failing its checksum) as the arrow backend does, and streams a dataset larger than the object store."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from raydl.data.dataset import ensure_builtin, open_dataset
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
 from raydl.errors import DataError
-from tests.unit.test_data_loader import corrupt, make_dataset
+from tests.unit.test_data_loader import corrupt, flip_a_byte_silently, make_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +35,18 @@ def test_ray_backend_matches_arrow_from_a_mid_epoch_position(ray_session, tmp_pa
         assert steps(path, "ray", rank, start, 16) == steps(path, "arrow", rank, start, 16)
 
 
-def test_ray_backend_names_a_corrupt_shard(ray_session, tmp_path):
+@pytest.mark.parametrize("damage", ["truncated", "one byte changed"])
+def test_ray_backend_names_a_corrupt_shard(ray_session, tmp_path, damage):
     path = make_dataset(tmp_path)
-    bad = corrupt(path, 1)
+    bad = path / "train-00001.parquet"
+    if damage == "truncated":
+        corrupt(path, 1)
+    else:
+        flip_a_byte_silently(bad)
     with pytest.raises(DataError, match=rf"^shard '{bad}'.*Fix:") as e:
         steps(path, "ray", 0, DataPosition(0, 0), 32)
     assert "RayTaskError" not in str(e.value) and "Traceback" not in str(e.value)
+    assert damage == "truncated" or "sha256" in str(e.value)       # the read task checked the checksum
 
 
 def test_ray_backend_augments_images_like_arrow(ray_session, tmp_path):
