@@ -276,10 +276,14 @@ def _check_asha(asha: AshaSpec, budget: int) -> None:
     if asha.reduction_factor < 2:
         raise ConfigError("asha.reduction_factor", f"is {asha.reduction_factor}; ASHA keeps 1/reduction_factor of "
                           "the trials at each rung, so it must be >= 2", "use 2 (halving) or 3")
-    if asha.grace_samples is not None and not 1 <= asha.grace_samples <= budget:
-        raise ConfigError("asha.grace_samples", f"is {asha.grace_samples}, outside 1..{budget} (the samples each "
-                          "trial sees)", f"use a number of samples between 1 and {budget}, or leave it out "
-                          f"(default {AshaSpec().grace(budget)}, an eighth of the budget)")
+    if budget < 2:
+        raise ConfigError("asha", f"is set but each trial sees only {budget} sample", "drop asha or give trials "
+                          "more samples (sample_budget, or base train.max_steps x train.global_batch_size)")
+    # The scheduler's last rung is below the budget (tune/sweep.py::_asha), so the first one must be too.
+    if asha.grace_samples is not None and not 1 <= asha.grace_samples < budget:
+        raise ConfigError("asha.grace_samples", f"is {asha.grace_samples}, outside 1..{budget - 1} (a trial sees "
+                          f"{budget} samples)", f"use a number of samples between 1 and {budget - 1}, or leave it "
+                          f"out (default {AshaSpec().grace(budget)}, an eighth of the budget)")
 
 
 def probe_points(spec: SweepSpec):

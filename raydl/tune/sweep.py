@@ -112,9 +112,11 @@ def _asha(spec: SweepSpec):
         return None
     budget = spec.budget()
     metric = "eval_loss" if spec.base_config().train.eval_every else "loss"
-    return ASHAScheduler(time_attr="samples", metric=metric, mode="min", max_t=budget,
+    # No rung at the end of the budget and no stop at max_t: a trial that has seen all its samples ends by
+    # itself with its final report; stopped there by ASHA it would lose that report and count as stopped.
+    return ASHAScheduler(time_attr="samples", metric=metric, mode="min", max_t=budget - 1,
                          grace_period=spec.asha.grace(budget),
-                         reduction_factor=spec.asha.reduction_factor)
+                         reduction_factor=spec.asha.reduction_factor, stop_last_trials=False)
 
 
 class Progress(Callback):

@@ -23,7 +23,8 @@ def base(data_cache, tmp_path, **train):
             "telemetry": {"report_every": 5, "progress": False}, "checkpoint": {"every_steps": 10}}
 
 
-def test_batch_by_precision_sweep_writes_report_and_a_best_yaml_that_trains(ray_session, data_cache, tmp_path, capsys):
+def test_batch_by_precision_sweep_writes_report_and_a_best_yaml_that_trains(ray_session, data_cache, tmp_path, capsys,
+                                                                            caplog):
     spec = parse_sweep({"base": base(data_cache, tmp_path),     # budget 10 x 64 = 640 samples per trial
                         "space": {"train.global_batch_size": [32, 64], "train.precision": ["fp32", "bf16"]},
                         "objective": "time_to_target", "target_loss": 2.6})
@@ -38,6 +39,7 @@ def test_batch_by_precision_sweep_writes_report_and_a_best_yaml_that_trains(ray_
     sweep_dir = tmp_path / "runs" / next((tmp_path / "runs").iterdir()).name
     table = capsys.readouterr().out
     assert "time to target s" in table and table.count(" ok") >= 4
+    assert "NaN or Inf" not in caplog.text   # Tune's TensorBoard logger saw only finite metrics
     assert len(list(csv.DictReader((sweep_dir / "results.csv").open()))) == 4
     results = json.loads((sweep_dir / "results.json").read_text())
     best = min(rows, key=lambda r: r["time_to_target_s"])
@@ -68,3 +70,15 @@ def test_a_diverging_trial_is_recorded_as_infeasible_and_the_others_finish(ray_s
     results = json.loads((sweep_dir / "results.json").read_text())
     assert results["best"] == by_lr[3e-3]["trial"]
     assert yaml.safe_load((sweep_dir / "best.yaml").read_text())["train"]["lr"] == 3e-3
+
+
+def test_asha_sweep_runs_while_its_metric_is_not_known_yet(ray_session, data_cache, tmp_path, caplog):
+    # Reports every 5 steps, first eval at step 10: the first result of each trial has no eval_loss, which
+    # ASHA skips (and Tune's strict metric check must not turn into a failed sweep).
+    spec = parse_sweep({"base": base(data_cache, tmp_path, max_steps=20, eval_every=10),
+                        "space": {"train.lr": [3e-3, 1e-3]}, "objective": "eval_loss",
+                        "asha": {"grace_samples": 320, "reduction_factor": 2}})
+    rows = run_sweep(spec)["trials"]
+    assert {r["status"] for r in rows} <= {"ok", "stopped"} and "ok" in {r["status"] for r in rows}, rows
+    assert all(r["eval_loss"] is not None and 0 < r["eval_loss"] < 3.5 for r in rows if r["status"] == "ok")
+    assert "NaN or Inf" not in caplog.text and "did not include the specified metric" not in caplog.text

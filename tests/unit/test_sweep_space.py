@@ -72,9 +72,10 @@ def test_bad_space_entries_name_the_key_and_the_fix(path, raw, words):
     ({"asha": {"grace": 3}}, ["'asha' is"]),
     ({"asha": {"reduction_factor": 1}}, ["'asha.reduction_factor' is 1", "must be >= 2"]),
     ({"asha": {"reduction_factor": -2}}, ["'asha.reduction_factor' is -2"]),
-    ({"asha": {"grace_samples": 0}}, ["'asha.grace_samples' is 0, outside 1..32000"]),
+    ({"asha": {"grace_samples": 0}}, ["'asha.grace_samples' is 0, outside 1..31999"]),
     ({"asha": {"grace_samples": -64}}, ["'asha.grace_samples' is -64"]),
-    ({"asha": {"grace_samples": 32001}}, ["'asha.grace_samples' is 32001, outside 1..32000", "default 4000"]),
+    ({"asha": {"grace_samples": 32000}}, ["'asha.grace_samples' is 32000, outside 1..31999", "default 4000"]),
+    ({"asha": True, "sample_budget": 1}, ["'asha' is set but each trial sees only 1 sample"]),
     ({"objective": "time_to_target", "target_loss": float("nan")}, ["'target_loss' is nan", "finite"]),
     ({"objective": "time_to_target", "target_loss": "-inf"}, ["'target_loss' is -inf"]),
     ({"num_samples": 0}, ["'num_samples' is 0", ">= 1"]),
@@ -157,13 +158,15 @@ def test_asha_stops_on_samples_seen_so_batch_sizes_compare_fairly():
     spec = parse_sweep(sweep(asha={"grace_samples": 1280, "reduction_factor": 3}, base={"train": {"max_steps": 100}}))
     asha = _asha(spec)
     assert isinstance(asha, ASHAScheduler) and asha._time_attr == "samples" and asha.metric == "loss"
-    assert asha._max_t == 6400 and asha._reduction_factor == 3
+    # max_t just below the budget: no rung where a trial has already seen all its samples
+    assert asha._max_t == 6399 and asha._reduction_factor == 3 and not asha._stop_last_trials
+    assert max(milestone for milestone, _ in asha._brackets[0]._rungs) < 6400
     with_eval = parse_sweep(sweep(asha=True, base={"train": {"eval_every": 20}}))
     assert _asha(with_eval).metric == "eval_loss" and _asha(parse_sweep(sweep())) is None
     assert with_eval.asha.grace(with_eval.budget()) == 32000 // 8   # default: 1000 steps x 32
 
 
-@pytest.mark.parametrize("asha", [{"reduction_factor": 2}, {"grace_samples": 1}, {"grace_samples": 6400}])
+@pytest.mark.parametrize("asha", [{"reduction_factor": 2}, {"grace_samples": 1}, {"grace_samples": 6399}])
 def test_every_asha_setting_parse_sweep_accepts_builds_the_scheduler(asha):
     from raydl.tune.sweep import _asha
 
