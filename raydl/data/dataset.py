@@ -223,13 +223,18 @@ def open_dataset(path: str) -> DatasetInfo:
     return info
 
 
+def one_line(error: Exception) -> str:
+    """An Arrow or library error message on one line (Arrow's run over several), for a one-paragraph DataError."""
+    return " ".join(str(error).split())
+
+
 def read_footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
     """A shard's parquet footer, or a DataError naming the shard."""
     try:
         with fs.open_input_file(path) as f:
             return pq.read_metadata(f)
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"shard '{path}' cannot be read ({e}): it is truncated or not parquet. Fix: re-create the "
+        raise DataError(f"shard '{path}' cannot be read ({one_line(e)}): it is truncated or not parquet. Fix: re-create the "
                         f"dataset with `raydl data prepare`.") from None
 
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
-from raydl.data.dataset import DatasetInfo, open_dataset
+from raydl.data.dataset import DatasetInfo, one_line, open_dataset
 from raydl.data.tokenizer import decoder
 from raydl.errors import DataError
 
@@ -38,7 +38,7 @@ def first_row(info: DatasetInfo) -> dict[str, Any]:
             shard = pq.ParquetFile(f)
             table = shard.read_row_group(0) if shard.metadata.num_rows else None
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"shard '{path}' (the first of the train split) cannot be read ({e}): it is truncated or "
+        raise DataError(f"shard '{path}' (the first of the train split) cannot be read ({one_line(e)}): it is truncated or "
                         f"not parquet. Fix: re-create the dataset with `raydl data prepare` (`raydl data inspect "
                         f"--verify` checks every shard against its sha256).") from None
     if table is None or table.num_rows == 0:

@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from raydl.data.dataset import one_line
 from raydl.data.input_files import Progress
 from raydl.errors import DataError
 
@@ -52,7 +53,7 @@ def _load_image(path: Path) -> np.ndarray:
                 rgb = img.convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
                 return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DataError(f"image '{path}' is too large to decode safely ({e}). Fix: remove it, or shrink it below "
+        raise DataError(f"image '{path}' is too large to decode safely ({one_line(e)}). Fix: remove it, or shrink it below "
                         f"Pillow's limit of {Image.MAX_IMAGE_PIXELS:,} pixels before preparing.") from None
     except (OSError, UnidentifiedImageError) as e:
-        raise DataError(f"image '{path}' cannot be read ({e}). Fix: remove or replace that file.") from None
+        raise DataError(f"image '{path}' cannot be read ({one_line(e)}). Fix: remove or replace that file.") from None

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raydl.data.dataset import IGNORE_LABEL, is_parquet
+from raydl.data.dataset import IGNORE_LABEL, is_parquet, one_line
 from raydl.data.input_files import Progress
 from raydl.errors import DataError
 
@@ -61,7 +61,7 @@ def image_side(schema: pa.Schema) -> int | None:
 
 
 def _unreadable(path: Path, error: Exception) -> DataError:
-    return DataError(f"parquet file '{path}' cannot be read ({' '.join(str(error).split())}): it is corrupt or "
+    return DataError(f"parquet file '{path}' cannot be read ({one_line(error)}): it is corrupt or "
                      f"truncated. Fix: remove or re-export it.")
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
-from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, schema_dict
+from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, one_line, schema_dict
 from raydl.data.order import EpochOrder, RowGroup
 from raydl.errors import DataError
 
@@ -39,13 +39,14 @@ class ChecksumMismatch(Exception):
     """A shard's bytes do not hash to the sha256 that manifest.json records for it."""
 
 
-def verify(f: pa.NativeFile, key: tuple[str, int, int, str]) -> None:
-    """Hash the open shard `f` unless this process already has this version of it."""
+def verify(f: pa.NativeFile, path: str, *, expected: str, mtime_ns: int) -> None:
+    """Hash the open shard `f` unless this process has already checked this version of it."""
+    key = (path, f.size(), mtime_ns, expected)
     if key in _VERIFIED:
         return
     digest = sha256_stream(f)
-    if digest != key[3]:
-        raise ChecksumMismatch(f"its sha256 is {digest[:16]}..., not the {key[3][:16]}... that manifest.json "
+    if digest != expected:
+        raise ChecksumMismatch(f"its sha256 is {digest[:16]}..., not the {expected[:16]}... that manifest.json "
                                f"records: the file was changed or corrupted")
     _VERIFIED.add(key)
 
@@ -111,7 +112,7 @@ class SplitReader:
         f = self.fs.open_input_file(path)
         try:
             if sha256:      # hash the very file handle that is then read: what is checked is what is used
-                verify(f, (path, f.size(), self.fs.get_file_info(path).mtime_ns or 0, sha256))
+                verify(f, path, expected=sha256, mtime_ns=self.fs.get_file_info(path).mtime_ns or 0)
         except BaseException:
             f.close()
             raise
@@ -128,12 +129,12 @@ class SplitReader:
 
     def _skip(self, path: str, g: RowGroup, error: Exception) -> pa.Table:
         if len(self.bad_shards) >= self.max_bad_shards:
-            raise DataError(f"shard '{path}' (row group {g.index}) cannot be read: {error}. Skipped so far: "
+            raise DataError(f"shard '{path}' (row group {g.index}) cannot be read: {one_line(error)}. Skipped so far: "
                             f"{len(self.bad_shards)}, data.max_bad_shards={self.max_bad_shards}. Fix: re-create the "
                             f"dataset with `raydl data prepare`, or raise data.max_bad_shards to skip bad shards "
                             f"(their rows are left out).")
         print(f"[raydl] skipping unreadable shard '{path}' ({len(self.bad_shards) + 1}/{self.max_bad_shards} "
-              f"allowed by data.max_bad_shards): {error}", flush=True)
+              f"allowed by data.max_bad_shards): {one_line(error)}", flush=True)
         self.bad_shards.add(path)
         return self._placeholder(g.rows)
 

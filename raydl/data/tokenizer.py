@@ -16,6 +16,7 @@ from typing import Iterable
 
 import numpy as np
 
+from raydl.data.dataset import one_line
 from raydl.errors import DataError
 
 EOS_TOKEN = "<|endoftext|>"
@@ -71,7 +72,7 @@ def load(spec: str, *, vocab_size: int, training_texts: Iterable[bytes]) -> Byte
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:      # tokenizers raises a plain Exception for a missing or malformed file
-        raise DataError(f"--tokenizer '{spec}' is not bytes, bpe, or a readable tokenizers JSON file ({e}). "
+        raise DataError(f"--tokenizer '{spec}' is not bytes, bpe, or a readable tokenizers JSON file ({one_line(e)}). "
                         f"Fix: pass bytes, bpe, or the path of a tokenizer.json.") from None
     if tokenizer.token_to_id(EOS_TOKEN) is None:
         raise DataError(f"tokenizer '{spec}' has no {EOS_TOKEN} token, which raydl puts between documents. "
@@ -93,7 +94,7 @@ def decoder(info):
             with fs.open_input_file(path) as f:
                 tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
         except Exception as e:      # tokenizers raises a plain Exception for a malformed file
-            raise DataError(f"the dataset's tokenizer '{path}' cannot be read ({e}). Fix: re-create the dataset "
+            raise DataError(f"the dataset's tokenizer '{path}' cannot be read ({one_line(e)}). Fix: re-create the dataset "
                             f"with `raydl data prepare`.") from None
         return lambda ids: tokenizer.decode([int(t) for t in ids if t != meta["eos"]])
     return None
