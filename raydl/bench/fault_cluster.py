@@ -3,11 +3,12 @@ worker nodes that can be added, drained and killed), a training run in a subproc
 metrics as they are written, its Ray worker processes, waiting with a deadline) and `poll`.
 
 Used by `raydl bench recovery` and the fault tests (tests/ray). The cluster runs in the calling process
-(RAY_NOTES P8: add_node needs the main thread); each Run's driver is this module in a subprocess:
+(ray.cluster_utils.Cluster.add_node must run on the main thread); each Run's driver is this module in a subprocess:
 
     python -m raydl.bench.fault_cluster ADDRESS SUMMARY.json ENV_JSON [section.key=value ...]
 
-Ray keeps its files under $RAY_TMPDIR (RAY_NOTES P9): set it to a directory of your own.
+Ray keeps its files under $RAY_TMPDIR: set it to a directory of your own, or ray.init() on this machine follows
+/tmp/ray/ray_current_cluster into this cluster (and this cluster into another).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class FaultCluster:
     def __init__(self):
         from ray.cluster_utils import Cluster
 
-        os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)   # RAY_NOTES P9
+        os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)   # Cluster() writes ray_current_cluster there and fails without it
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
         self.nodes: list = []
 

@@ -9,7 +9,7 @@ schedule torch accepts for (p, m). The model is 4 blocks of Linear(dim, dim) + G
 give each rank one stage of 2 blocks, the other schedules 2 stages of 1 block, so every rank does
 the same work per micro-batch in every schedule.
 
-Compute (--mode), as in shared/PIPELINE_NOTES.md 2a/2b
+Compute (--mode)
   sim   each block's forward (F), input-gradient (B) and weight-gradient (W) pass sleeps --cost-ms:
         F in the forward, B and W in autograd Functions on the activation and the weight path, so the
         zero-bubble schedules' split backward moves them as it moves real work. A sleep needs no free

@@ -17,7 +17,7 @@ the worker recorded it); progress_s = fault -> the first step past the last one 
 
 The (fault, setting) pairs alternate for --repeats rounds (each run takes 1-2 minutes on 2 cores); medians
 are reported. The cluster and the runs are raydl/bench/fault_cluster.py's. Ray keeps its files under
-$RAY_TMPDIR (RAY_NOTES P9): unset, a new directory of this benchmark's own.
+$RAY_TMPDIR (otherwise Ray follows /tmp/ray/ray_current_cluster into any other Ray on this machine): unset, a new directory of this benchmark's own.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
     """Env for the Train controller and workers. Ray reads its timing knobs from env vars."""
     env = {
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, int(cfg.scaling.cpus_per_worker)))),
-        # Reports are drained once per poll (RAY_NOTES P1): a shorter poll keeps reporting cheap.
+        # The controller drains reports once per poll (train/v2/_internal/execution/controller): a shorter poll keeps reporting cheap.
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"),
-        # After a node loss Ray first retries the stale, larger size until this times out (RAY_NOTES P4).
+        # After a node loss Ray first retries the stale, larger size until this times out (measured: raydl bench recovery).
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(cfg.scaling.worker_start_timeout_s),
     }
     if "ONEDNN_MAX_CPU_ISA" in os.environ:   # only when the user capped it: raydl never caps it by itself
