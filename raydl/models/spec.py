@@ -1,0 +1,60 @@
+"""The public model contract, version 1: how raydl talks to any model.
+
+A `ModelSpec` says how to build the model from its options and the dataset's meta, which
+batch columns are its inputs and targets, and its loss. raydl never looks inside the model
+beyond that: pipeline stages come from a `BlockModel`'s ordered blocks, or from `blocks`,
+the names of a plain module's top-level children whose application in order equals its
+`forward` (raydl checks that once on `example_inputs` when it builds the model).
+
+    spec = raydl.ModelSpec(name="mlp", build=lambda options, meta: MLP(meta["num_features"]),
+                           inputs_targets=lambda batch: (batch["x"], batch["y"]),
+                           loss=torch.nn.functional.mse_loss,
+                           example_inputs=lambda meta, n: torch.randn(n, meta["num_features"]))
+
+Name a spec in a config as `model.name: package.module:attribute` (the spec, or a function
+that returns one), or hand it to `raydl.train(model=spec)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:   # `import raydl` stays free of torch
+    import torch
+    from torch import nn
+
+CONTRACT_VERSION = 1
+
+
+def _one_unit_per_sample(meta: dict[str, Any]) -> int:
+    return 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """How raydl talks to any model. Version 1 (README states the version and what may change)."""
+
+    name: str
+    # (options, dataset meta) -> a BlockModel, or a plain nn.Module (see `blocks`)
+    build: Callable[[Any, dict[str, Any]], nn.Module]
+    # a batch of column tensors -> (model inputs, targets)
+    inputs_targets: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+    # (outputs, targets) -> scalar loss, the mean over the batch
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # (meta, micro_batch) -> a random input batch, as inputs_targets would give it
+    example_inputs: Callable[[dict[str, Any], int], torch.Tensor]
+    # (outputs, targets) -> (correct, counted) for an accuracy metric; None = no accuracy
+    correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] | None = None
+    # tokens (or 1) per sample, for throughput
+    units_per_sample: Callable[[dict[str, Any]], int] = _one_unit_per_sample
+    # training FLOPs per sample, for MFU; None = "unknown", never guessed
+    flops_per_sample: Callable[[Any, dict[str, Any]], float] | None = None
+    # a dataclass of the model's own options: `model.options` is coerced into it strictly
+    options: type | None = None
+    # plain nn.Module only: top-level child names whose sequential application equals forward
+    blocks: tuple[str, ...] | None = None
+    # the dataset kind it needs ("tokens", "images"); None = any parquet table
+    task: str | None = None
+    # dataset columns inputs_targets reads (checked before Ray starts)
+    columns: tuple[str, ...] = ()
