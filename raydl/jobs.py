@@ -47,6 +47,9 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Ray's client waits forever for an answer: a server that accepts and never replies would hang raydl.
 HTTP_TIMEOUT_ENV, DEFAULT_HTTP_TIMEOUT_S = "RAYDL_HTTP_TIMEOUT_S", 30.0
 _HOSTNAME = re.compile(r"[A-Za-z0-9._-]+")
+# Ray's walk logs "Issue with path" when the handler raises; raydl's own error says it all.
+_SILENT = logging.getLogger("raydl.jobs.package")
+_SILENT.disabled = True
 ZIP_ENTRY_OVERHEAD = 128   # bytes per file in Ray's uncompressed (ZIP_STORED) package, headers included
 
 
@@ -89,8 +92,8 @@ def _read_token(path: Path, what: str) -> str:
 
 def resolve_address(address: str | None) -> str:
     """--address, else RAY_API_SERVER_ADDRESS, else an http RAY_ADDRESS, else the local default; checked."""
-    for source, candidate in (("--address", address), ("RAY_API_SERVER_ADDRESS", os.environ.get("RAY_API_SERVER_ADDRESS")),
-                              ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))):
+    candidates = [("--address", address), *((k, os.environ.get(k)) for k in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"))]
+    for source, candidate in candidates:
         if candidate and (source == "--address" or candidate.startswith(("http://", "https://"))):
             return check_address(candidate, source)
     return DEFAULT_ADDRESS
@@ -350,10 +353,7 @@ def scan_package(working_dir: Path, excludes: list[str]) -> Package:
             package.size += path.stat().st_size + ZIP_ENTRY_OVERHEAD + len(str(path))
             package.files += 1
 
-    # Ray logs "Issue with path" for an exception in the handler; raydl's own message says it all.
-    quiet = logging.getLogger("raydl.jobs.package")
-    quiet.disabled = True
-    _dir_travel(root, [_get_excludes(root, excludes)], add, include_gitignore=include_gitignore, logger=quiet)
+    _dir_travel(root, [_get_excludes(root, excludes)], add, include_gitignore=include_gitignore, logger=_SILENT)
     kept_set = set(kept)
     dropped = [child for d in kept if d.is_dir() for child in d.iterdir() if child not in kept_set]
     package.left_out = sorted((str(p.relative_to(root)) for p in dropped), key=lambda n: (n.count("/"), n))
@@ -377,12 +377,14 @@ def check_package(working_dir: Path, excludes: list[str]) -> Package:
     if package.size >= limit:
         raise JobsError(f"--working-dir {working_dir} would upload {package.size / 2**20:.1f} MiB in {package.files} "
                         f"files, over Ray's limit of {limit / 2**20:.1f} MiB per package. Fix: list big files or "
-                        "folders (datasets, checkpoints, outputs) in .rayignore or .gitignore there, or pass --exclude; "
-                        "put data on shared storage (s3://, gs://, NFS) and point data.path at it")
+                        "folders (datasets, checkpoints, outputs) in .rayignore or .gitignore there, or pass "
+                        "--exclude; put data on shared storage (s3://, gs://, NFS) and point data.path at it")
     return package
 
 
 def left_out_summary(package: Package) -> str:
+    if not package.left_out:
+        return "left out of the upload: nothing"
     names = package.left_out[:LEFT_OUT_SHOWN]
     more = ", ..." if len(package.left_out) > LEFT_OUT_SHOWN else ""
     return (f"left out of the upload: {len(package.left_out)} paths ({', '.join(names)}{more}); "

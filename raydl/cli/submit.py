@@ -1,7 +1,8 @@
 """raydl submit: run `raydl train|sweep ...` as a Ray job on a cluster (Ray Job Submission API).
 
     raydl submit --address http://HEAD:8265 [--token-file F] [--working-dir .] [--env K=V] [--pip req.txt]
-                 [--include PATTERN] [--follow | --no-wait] -- train --config jobs/configs/gpt-small.yaml [--set k=v ...]
+                 [--include PATTERN] [--follow | --no-wait]
+                 -- train --config jobs/configs/gpt-small.yaml [--set k=v ...]
 
 The working directory (the raydl checkout) is zipped and uploaded; the job runs `python jobs/train.py ...`
 in it, so code and configs on the cluster are exactly what you have locally. Secrets never go with it:
@@ -72,8 +73,8 @@ def run(args) -> int:
     client = connect(args)
     t0 = time.monotonic()
     job_id = client.submit(entry, renv, metadata={"raydl_command": command[0]})
-    say(f"submitted {job_id} to {client.address} ({package.size / 2**20:.1f} MiB uploaded in {time.monotonic() - t0:.1f} s): "
-        f"{entry}")
+    say(f"submitted {job_id} to {client.address} ({package.size / 2**20:.1f} MiB uploaded in "
+        f"{time.monotonic() - t0:.1f} s): {entry}")
     print(job_id, flush=True)
     if args.no_wait:
         return 0

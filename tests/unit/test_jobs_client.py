@@ -295,7 +295,8 @@ def test_symlinks_inside_the_working_dir_are_fine(tmp_path):
     (wd / "latest.yaml").symlink_to(wd / "configs" / "a.yaml")
     (wd / "cfg").symlink_to("configs")
     (wd / "dangling").symlink_to(tmp_path / "nowhere")      # uploads nothing: Ray skips it too
-    assert jobs.scan_package(wd, jobs.DEFAULT_EXCLUDES).files == 4
+    package = jobs.scan_package(wd, jobs.DEFAULT_EXCLUDES)
+    assert package.files == 4 and jobs.left_out_summary(package) == "left out of the upload: nothing"
 
 
 @pytest.mark.parametrize("kind", ["file", "dir"])
