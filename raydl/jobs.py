@@ -4,26 +4,23 @@
 (address, token, job id, working directory) becomes a `JobsError` (exit code 2) that says what was
 tried and how to fix it; Ray's own exceptions never reach the user as a traceback.
 
-Token auth (RAY_NOTES 5): a Ray 2.60 client sends the token only when RAY_AUTH_MODE=token is set in
+Token auth: a Ray 2.60 client sends the token only when RAY_AUTH_MODE=token is set in
 *its* environment, so raydl finds the token itself and always sends it as a Bearer header, but never in
 clear text over the network (plain http to a non-loopback host needs --insecure). Every HTTP request has a
-timeout (30 s, --http-timeout / RAYDL_HTTP_TIMEOUT_S). The uploaded package leaves out secrets (.env*,
-.ray/, keys, token files) and refuses symlinks that point outside the working dir.
+timeout (30 s, --http-timeout / RAYDL_HTTP_TIMEOUT_S). What a job uploads and runs: `raydl.job_package`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 import math
 import os
 import re
-import shlex
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, TextIO
 from urllib.parse import urlsplit
@@ -31,26 +28,10 @@ from urllib.parse import urlsplit
 from raydl.errors import RaydlError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-# Entry points that plain `ray job submit` can run too; they call the same CLI functions.
-ENTRYPOINTS = {"train": "jobs/train.py", "sweep": "jobs/sweep.py"}
-# Never uploaded, on top of .gitignore / .rayignore (Ray reads both): local state that is either big
-# (.git, venvs, datasets, runs) or meaningless on the cluster.
-DEFAULT_EXCLUDES = [".git", ".venv", "venv", "runs", ".raydl_data", "__pycache__", "*.pyc", ".pytest_cache",
-                    "*.egg-info", ".mypy_cache", ".ruff_cache"]
-# Secrets: anyone who can read the cluster's package store could read them. `*token*.py` is code (raydl's own
-# data/tokenizer.py), so it stays; `.env*` comes after it so that a .env_token.py is still left out.
-SECRET_EXCLUDES = [".ray", "*token*", "!*token*.py", ".env*", "*.pem", "*.key", ".netrc"]
-LEFT_OUT_SHOWN = 5   # names printed in the one-line "left out of the upload" summary
-# Local settings the job needs to behave like a local run (RAY_NOTES P5: bf16 SIGILL without the ISA cap).
-PASS_THROUGH_ENV = ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA")
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Ray's client waits forever for an answer: a server that accepts and never replies would hang raydl.
 HTTP_TIMEOUT_ENV, DEFAULT_HTTP_TIMEOUT_S = "RAYDL_HTTP_TIMEOUT_S", 30.0
 _HOSTNAME = re.compile(r"[A-Za-z0-9._-]+")
-# Ray's walk logs "Issue with path" when the handler raises; raydl's own error says it all.
-_SILENT = logging.getLogger("raydl.jobs.package")
-_SILENT.disabled = True
-ZIP_ENTRY_OVERHEAD = 128   # bytes per file in Ray's uncompressed (ZIP_STORED) package, headers included
 
 
 class JobsError(RaydlError):
@@ -299,115 +280,3 @@ def _timed_client(address: str, headers: dict | None, timeout_s: float):
 
 def exit_code(status: str) -> int:
     return 0 if status == "SUCCEEDED" else 1
-
-
-def entrypoint(command: list[str]) -> str:
-    """`raydl submit -- train --config x.yaml` -> `python jobs/train.py --config x.yaml`."""
-    if not command or command[0] not in ENTRYPOINTS:
-        raise JobsError(f"nothing to submit after '--' (got {shlex.join(command) or 'nothing'}). Fix: "
-                        f"`raydl submit ... -- {' | '.join(ENTRYPOINTS)} [--config FILE] [--set k=v ...]`")
-    return shlex.join(["python", ENTRYPOINTS[command[0]], *command[1:]])
-
-
-def check_working_dir(working_dir: Path, command: list[str]) -> None:
-    """The job runs `python jobs/<cmd>.py` inside the uploaded copy: what it needs must be in it."""
-    if not (working_dir / ENTRYPOINTS[command[0]]).is_file():
-        raise JobsError(f"--working-dir {working_dir} has no {ENTRYPOINTS[command[0]]}: the job runs raydl's entry "
-                        "point from the uploaded directory. Fix: run from the raydl checkout or pass "
-                        "--working-dir path/to/raydl")
-    for flag, value in zip(command, command[1:]):
-        if flag == "--config" and not _inside(working_dir, value):
-            raise JobsError(f"--config {value} is not a file inside --working-dir {working_dir}, so the job "
-                            "would not find it. Fix: put the config in the working directory (e.g. jobs/configs/) "
-                            "and give its path relative to it")
-
-
-def _inside(working_dir: Path, path: str) -> bool:
-    p = Path(path)
-    full = (p if p.is_absolute() else working_dir / p).resolve()
-    return full.is_file() and full.is_relative_to(working_dir.resolve())
-
-
-@dataclass
-class Package:
-    """What `raydl submit` uploads: Ray's own walk, ignore files and excludes, as `create_package` zips it."""
-
-    size: int = 0                  # bytes, an upper bound of the zip (ZIP_ENTRY_OVERHEAD per file)
-    files: int = 0
-    left_out: list[str] = field(default_factory=list)   # top-most paths the excludes and ignore files drop
-
-
-def scan_package(working_dir: Path, excludes: list[str]) -> Package:
-    """Walk the working dir exactly as Ray's zip does; refuse a symlink that would upload something outside it."""
-    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
-
-    include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
-    root = working_dir.absolute()
-    kept: list[Path] = []
-    package = Package()
-
-    def add(path: Path) -> None:
-        _refuse_outside_link(path, root)
-        kept.append(path)
-        if path.is_file():
-            package.size += path.stat().st_size + ZIP_ENTRY_OVERHEAD + len(str(path))
-            package.files += 1
-
-    _dir_travel(root, [_get_excludes(root, excludes)], add, include_gitignore=include_gitignore, logger=_SILENT)
-    kept_set = set(kept)
-    dropped = [child for d in kept if d.is_dir() for child in d.iterdir() if child not in kept_set]
-    package.left_out = sorted((str(p.relative_to(root)) for p in dropped), key=lambda n: (n.count("/"), n))
-    return package
-
-
-def _refuse_outside_link(path: Path, root: Path) -> None:
-    # Ray's zip follows links: a link to ~/.ssh would upload the keys, one to / the whole disk.
-    if path.is_symlink() and path.exists() and not path.resolve().is_relative_to(root.resolve()):
-        raise JobsError(f"--working-dir {root} holds the symlink {path.relative_to(root)} -> {path.resolve()}, which "
-                        "leaves the working dir: Ray would upload what it points to. Fix: remove the link, copy what "
-                        "the job needs into the working dir, or --exclude the link")
-
-
-def check_package(working_dir: Path, excludes: list[str]) -> Package:
-    """Fail before zipping/uploading when the package cannot fit into Ray's GCS store or would leak files."""
-    from ray._private.runtime_env import packaging
-
-    package = scan_package(working_dir, excludes)
-    limit = packaging.GCS_STORAGE_MAX_SIZE
-    if package.size >= limit:
-        raise JobsError(f"--working-dir {working_dir} would upload {package.size / 2**20:.1f} MiB in {package.files} "
-                        f"files, over Ray's limit of {limit / 2**20:.1f} MiB per package. Fix: list big files or "
-                        "folders (datasets, checkpoints, outputs) in .rayignore or .gitignore there, or pass "
-                        "--exclude; put data on shared storage (s3://, gs://, NFS) and point data.path at it")
-    return package
-
-
-def left_out_summary(package: Package) -> str:
-    if not package.left_out:
-        return "left out of the upload: nothing"
-    names = package.left_out[:LEFT_OUT_SHOWN]
-    more = ", ..." if len(package.left_out) > LEFT_OUT_SHOWN else ""
-    return (f"left out of the upload: {len(package.left_out)} paths ({', '.join(names)}{more}); "
-            "--include PATTERN uploads one anyway")
-
-
-def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {k: os.environ[k] for k in PASS_THROUGH_ENV if k in os.environ}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise JobsError(f"--env {pair!r} is not KEY=VALUE. Fix: e.g. --env OMP_NUM_THREADS=4")
-        env[key] = value
-    return env
-
-
-def runtime_env(working_dir: Path, *, env: dict[str, str], excludes: list[str], pip: str | None,
-                includes: list[str] = ()) -> dict:
-    """--include re-admits what raydl leaves out by default (a gitignore `!pattern`); --exclude still wins."""
-    patterns = DEFAULT_EXCLUDES + SECRET_EXCLUDES + [f"!{p}" for p in includes] + excludes
-    renv = {"working_dir": str(working_dir), "excludes": patterns, "env_vars": env}
-    if pip:
-        if not Path(pip).is_file():
-            raise JobsError(f"--pip {pip} is not a file. Fix: pass a requirements.txt path")
-        renv["pip"] = pip   # Ray reads the file here and installs it on every node, cached per env
-    return renv

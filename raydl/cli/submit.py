@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from raydl import jobs
+from raydl import job_package, jobs
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
@@ -63,13 +63,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    entry = jobs.entrypoint(command)
+    entry = job_package.entrypoint(command)
     working_dir = Path(args.working_dir).resolve()
-    jobs.check_working_dir(working_dir, command)
-    renv = jobs.runtime_env(working_dir, env=jobs.parse_env(args.env), excludes=args.exclude, pip=args.pip,
+    job_package.check_working_dir(working_dir, command)
+    renv = job_package.runtime_env(working_dir, env=job_package.parse_env(args.env), excludes=args.exclude, pip=args.pip,
                             includes=args.include)
-    package = jobs.check_package(working_dir, renv["excludes"])
-    say(jobs.left_out_summary(package))
+    package = job_package.check_package(working_dir, renv["excludes"])
+    say(job_package.left_out_summary(package))
     client = connect(args)
     t0 = time.monotonic()
     job_id = client.submit(entry, renv, metadata={"raydl_command": command[0]})

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ray._private.runtime_env.packaging import create_package
 
-from raydl import jobs
+from raydl import job_package, jobs
 from raydl.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,20 +180,20 @@ def test_a_server_that_never_answers_times_out_naming_the_address(clean_env, mon
 
 
 def test_entrypoints():
-    assert jobs.entrypoint(["train", "--config", "a b.yaml"]) == "python jobs/train.py --config 'a b.yaml'"
-    assert jobs.entrypoint(["sweep"]) == "python jobs/sweep.py"
+    assert job_package.entrypoint(["train", "--config", "a b.yaml"]) == "python jobs/train.py --config 'a b.yaml'"
+    assert job_package.entrypoint(["sweep"]) == "python jobs/sweep.py"
     for bad in ([], ["bench"]):
         with pytest.raises(jobs.JobsError, match="train | sweep"):
-            jobs.entrypoint(bad)
+            job_package.entrypoint(bad)
 
 
 def test_env_pass_through(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    assert jobs.parse_env(["A=1", "B=x=y", "OMP_NUM_THREADS=4"]) == {"OMP_NUM_THREADS": "4", "A": "1", "B": "x=y"}
-    assert jobs.parse_env([]) == {"OMP_NUM_THREADS": "3"}
+    assert job_package.parse_env(["A=1", "B=x=y", "OMP_NUM_THREADS=4"]) == {"OMP_NUM_THREADS": "4", "A": "1", "B": "x=y"}
+    assert job_package.parse_env([]) == {"OMP_NUM_THREADS": "3"}
     with pytest.raises(jobs.JobsError, match="KEY=VALUE"):
-        jobs.parse_env(["NOVALUE"])
+        job_package.parse_env(["NOVALUE"])
 
 
 def test_unreachable_address_exit_2(clean_env, capsys):
@@ -223,14 +223,14 @@ def _mini_checkout(root: Path) -> Path:
 
 def test_package_size_follows_ray_ignore_rules(tmp_path):
     wd = _mini_checkout(tmp_path / "wd")
-    excludes = jobs.runtime_env(wd, env={}, excludes=[], pip=None)["excludes"]
-    base = jobs.scan_package(wd, excludes).size
+    excludes = job_package.runtime_env(wd, env={}, excludes=[], pip=None)["excludes"]
+    base = job_package.scan_package(wd, excludes).size
     for name in ("runs/big.bin", ".git/objects/pack.bin", "ignored/big.bin", "rayignored.bin", "kept.bin"):
         (wd / name).parent.mkdir(parents=True, exist_ok=True)
         (wd / name).write_bytes(b"x" * 100_000)
     (wd / ".gitignore").write_text("ignored/\n")
     (wd / ".rayignore").write_text("rayignored.bin\n")
-    package = jobs.scan_package(wd, excludes)
+    package = job_package.scan_package(wd, excludes)
     # only kept.bin and the two ignore files are new (each file also costs a zip header)
     assert package.files == 4 and 100_000 < package.size - base < 101_000
     # Ray matches "ignored/" against the files below it, not the folder itself ("ignored" has no slash)
@@ -238,7 +238,7 @@ def test_package_size_follows_ray_ignore_rules(tmp_path):
     # The estimate is an upper bound of the zip Ray itself builds from the same directory.
     zip_path = tmp_path / "pkg.zip"
     create_package(str(wd), zip_path, include_gitignore=True, excludes=excludes)
-    assert 0 <= package.size - zip_path.stat().st_size < package.files * jobs.ZIP_ENTRY_OVERHEAD + 1000
+    assert 0 <= package.size - zip_path.stat().st_size < package.files * job_package.ZIP_ENTRY_OVERHEAD + 1000
 
 
 SECRETS = [".env", ".env.production", ".ray/auth_token", "deploy.pem", "tls/server.key", "hf_token.txt",
@@ -263,10 +263,10 @@ def _ray_zip(wd: Path, renv: dict, out: Path) -> set[str]:
 
 def test_secrets_are_left_out_of_the_package_ray_builds(tmp_path):
     wd = _checkout_with_secrets(tmp_path / "wd")
-    renv = jobs.runtime_env(wd, env={}, excludes=[], pip=None)
+    renv = job_package.runtime_env(wd, env={}, excludes=[], pip=None)
     uploaded = _ray_zip(wd, renv, tmp_path / "pkg.zip")
     assert uploaded == {"jobs/train.py", "raydl/data/tokenizer.py", "README.md", ".gitignore"}
-    package = jobs.scan_package(wd, renv["excludes"])
+    package = job_package.scan_package(wd, renv["excludes"])
     assert package.files == len(uploaded)
     assert package.left_out == [".env", ".env.example", ".env.production", ".git", ".netrc", ".ray", "deploy.pem",
                                 "hf_token.txt", "notes/local.txt", "secrets/github_token", "tls/server.key"]
@@ -274,7 +274,7 @@ def test_secrets_are_left_out_of_the_package_ray_builds(tmp_path):
 
 def test_include_uploads_a_default_exclusion_but_not_the_rest(tmp_path):
     wd = _checkout_with_secrets(tmp_path / "wd")
-    renv = jobs.runtime_env(wd, env={}, excludes=["README.md"], pip=None, includes=[".env.example", "README.md"])
+    renv = job_package.runtime_env(wd, env={}, excludes=["README.md"], pip=None, includes=[".env.example", "README.md"])
     uploaded = _ray_zip(wd, renv, tmp_path / "pkg.zip")
     assert uploaded == {"jobs/train.py", "raydl/data/tokenizer.py", ".gitignore", ".env.example"}   # --exclude wins
 
@@ -295,8 +295,8 @@ def test_symlinks_inside_the_working_dir_are_fine(tmp_path):
     (wd / "latest.yaml").symlink_to(wd / "configs" / "a.yaml")
     (wd / "cfg").symlink_to("configs")
     (wd / "dangling").symlink_to(tmp_path / "nowhere")      # uploads nothing: Ray skips it too
-    package = jobs.scan_package(wd, jobs.DEFAULT_EXCLUDES)
-    assert package.files == 4 and jobs.left_out_summary(package) == "left out of the upload: nothing"
+    package = job_package.scan_package(wd, job_package.DEFAULT_EXCLUDES)
+    assert package.files == 4 and job_package.left_out_summary(package) == "left out of the upload: nothing"
 
 
 @pytest.mark.parametrize("kind", ["file", "dir"])
@@ -307,8 +307,8 @@ def test_symlink_out_of_the_working_dir_is_refused_unless_excluded(tmp_path, kin
     (target / "id_ed25519").write_text("PRIVATE KEY")
     (wd / "keys").symlink_to(target if kind == "dir" else target / "id_ed25519")
     with pytest.raises(jobs.JobsError, match=f"symlink keys -> {target}"):
-        jobs.scan_package(wd, jobs.DEFAULT_EXCLUDES)
-    assert jobs.scan_package(wd, [*jobs.DEFAULT_EXCLUDES, "keys"]).left_out == ["keys"]
+        job_package.scan_package(wd, job_package.DEFAULT_EXCLUDES)
+    assert job_package.scan_package(wd, [*job_package.DEFAULT_EXCLUDES, "keys"]).left_out == ["keys"]
 
 
 def test_working_dir_over_ray_limit_exit_2(tmp_path, monkeypatch, capsys):
