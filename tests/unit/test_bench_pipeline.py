@@ -7,11 +7,11 @@ import torch
 
 from raydl.bench.pipeline_model import Block, Clock, SavedBytes
 from raydl.bench.pipeline_report import accepted_configs, check_goals, formula_bubble, markdown_table, per_step
+from raydl.parallel.schedules import NAMES
 
 
 def test_accepted_configs_follow_torchs_schedule_constraints():
-    schedules = ["gpipe", "1f1b", "loopedbfs", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev"]
-    accepted, skipped = accepted_configs(schedules, [1, 2, 4, 8], batch=64)
+    accepted, skipped = accepted_configs(NAMES, [1, 2, 4, 8], batch=64)
     assert set(skipped) == {"1f1b m=1", "dualpipev m=1", "dualpipev m=2"}
     assert "num_microbatches >= pp" in skipped["1f1b m=1"] and "2*pp = 4" in skipped["dualpipev m=2"]
     assert len(accepted) == 7 * 4 - 3 and ("dualpipev", 4) in accepted and ("zbv", 1) in accepted
