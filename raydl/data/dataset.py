@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from raydl.checksum import sha256_file
 from raydl.config import JobConfig
 from raydl.data.builtin import GENERATORS
+from raydl.data.manifest import parse_manifest
 from raydl.errors import DataError
 
 FORMAT = "raydl-parquet/1"
@@ -203,11 +204,13 @@ def open_dataset(path: str) -> DatasetInfo:
         raise _not_a_dataset(path, fs, root, kind)
     with fs.open_input_stream(manifest_path) as f:
         try:
-            manifest = json.loads(f.read())
+            manifest, entries = parse_manifest(json.loads(f.read()), manifest_path)
             splits = {name: tuple(Shard(s["file"], s["rows"], tuple(s["row_groups"]), s.get("sha256"))
-                                  for s in split["shards"])
-                      for name, split in manifest.pop("splits").items()}
-        except (ValueError, KeyError, TypeError) as e:
+                                  for s in shards)
+                      for name, shards in entries.items()}
+        except ValueError as e:   # not JSON (parse_manifest's DataError is a ValueError too)
+            if isinstance(e, DataError):
+                raise
             raise DataError(f"'{manifest_path}' is not a valid raydl manifest ({type(e).__name__}: {e}). Fix: "
                             f"re-create the dataset with `raydl data prepare`.") from None
     if not splits.get("train"):
