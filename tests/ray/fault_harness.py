@@ -39,23 +39,22 @@ def open_files(pid: int) -> list[str]:
     return out
 
 
+def _registered(run_dir: Path) -> list[dict]:
+    """The checkpoints Ray has registered, from its manager snapshot."""
+    try:
+        return json.loads((run_dir / "train" / "checkpoint_manager_snapshot.json").read_text())["checkpoint_results"]
+    except (OSError, ValueError):   # not written yet, or being rewritten
+        return []
+
 
 def preempted_checkpoints(run_dir: Path) -> list[int]:
     """Steps of registered checkpoints that raydl saved at a preemption notice (their metrics say so)."""
-    try:
-        data = json.loads((run_dir / "train" / "checkpoint_manager_snapshot.json").read_text())
-    except (OSError, ValueError):
-        return []
-    return sorted({r["metrics"]["step"] for r in data["checkpoint_results"] if r["metrics"].get("preempted")})
+    return sorted({r["metrics"]["step"] for r in _registered(run_dir) if r["metrics"].get("preempted")})
 
 
 def checkpoints(run_dir: Path) -> list[int]:
-    """Steps of the checkpoints Ray has registered (its manager snapshot), oldest first."""
-    try:
-        data = json.loads((run_dir / "train" / "checkpoint_manager_snapshot.json").read_text())
-    except (OSError, ValueError):   # not written yet, or being rewritten
-        return []
-    return sorted({int(r["checkpoint_dir_name"][len("step_"):].split(".")[0]) for r in data["checkpoint_results"]})
+    """Steps of the checkpoints Ray has registered, oldest first."""
+    return sorted({int(r["checkpoint_dir_name"][len("step_"):].split(".")[0]) for r in _registered(run_dir)})
 
 
 def reference_run(run_dir: Path, overrides: list[str], *, nproc: int = 2) -> dict[str, Any]:
