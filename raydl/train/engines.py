@@ -17,10 +17,11 @@ from torch import nn
 
 from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel
-from raydl.models.registry import ModelSpec
+from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.pipeline import forward_chain, pipeline_model
+from raydl.parallel.profile import device_memory_bytes, shared_profile
 from raydl.train import step as train_step
 from raydl.train.optim import clip_grad_norm
 from raydl.train.precision import autocast
@@ -117,7 +118,7 @@ class PipelineEngine:
                 out = forward_chain(inputs, self.stages, layout=self.layout, pp_rank=self.pp_rank,
                                     pp_group=self.pp_group, device=self.device)
             if self.is_last:
-                c, k = self.spec.correct(out, targets)
+                c, k = self.spec.count_correct(out, targets)
                 totals = [totals[0] + float(self.spec.loss(out, targets)), totals[1] + 1, totals[2] + c,
                           totals[3] + k]
         self.model.train()
@@ -129,7 +130,7 @@ def _reduce_eval(loss_sum: float, n: int, correct: int, counted: int, device: to
     if dist.is_initialized():
         dist.all_reduce(t)
     loss_sum, n, correct, counted = t.tolist()
-    return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(counted, 1), "batches": int(n)}
+    return {"loss": loss_sum / max(n, 1), "accuracy": correct / counted if counted else None, "batches": int(n)}
 
 
 def apply_activation_checkpointing(model: BlockModel) -> None:
@@ -144,15 +145,10 @@ def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, m
     num_blocks = len(model.blocks)
     if not Layout.needs_profile(cfg):
         return Layout.from_config(cfg, session.world_size, num_blocks=num_blocks)
-    from raydl.parallel.profile import device_memory_bytes, shared_profile
-
     profile = shared_profile(model, spec, meta, cfg, session.device)
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
-    layout = Layout.from_config(cfg, session.world_size, profile, num_blocks=num_blocks,
-                                memory_bytes=device_memory_bytes(session.device, workers_on_host))
-    if session.rank == 0:
-        print(f"[raydl] pp_degree=auto chose {layout.to_dict()}", flush=True)
-    return layout
+    return Layout.from_config(cfg, session.world_size, profile, num_blocks=num_blocks,
+                              memory_bytes=device_memory_bytes(session.device, workers_on_host))
 
 
 def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Engine:
