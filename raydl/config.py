@@ -44,11 +44,14 @@ class RunSection:
 
 @dataclass(kw_only=True)
 class ModelSection:
-    name: str = _f("gpt", "Model from the registry: gpt (decoder-only transformer) or resnet (CIFAR-style).",
-                   choices=("gpt", "resnet"))
-    size: str = _f("tiny", "Model size preset. gpt: tiny (~1M params), mini, small, gpt2 (124M). "
-                   "resnet: tiny, resnet18.", choices=("tiny", "mini", "small", "gpt2", "resnet18"))
-    dropout: float = _f(0.0, "Dropout probability inside transformer blocks.")
+    name: str = _f("gpt", "Model: gpt (decoder-only transformer), resnet (CIFAR-style), hf (a Hugging Face causal LM), "
+                   "or package.module:attribute naming a raydl.ModelSpec (or a function returning one) in a module "
+                   "importable from the working directory.")
+    size: str = _f("tiny", "Size preset, passed to the model's options as 'size'. gpt: tiny (~1M params), mini, small, "
+                   "gpt2 (124M). resnet: tiny, resnet18.")
+    options: dict[str, Any] = _f({}, "The model's own options (--set model.options.KEY=VALUE), checked against its "
+                                 "ModelSpec.options; the built-in models' are listed below.")
+    dropout: float = _f(0.0, "Dropout probability, passed to the model's options as 'dropout' (gpt: inside transformer blocks).")
     activation_checkpointing: bool = _f(False, "Recompute each block's activations in backward (less memory, ~30% more compute).")
 
 
@@ -81,7 +84,7 @@ class ParallelSection:
     num_microbatches: int = _f(0, "Pipeline micro-batches per step and replica; 0 = derived from the batch sizes.")
     stage_cuts: list[int] = _f([], "Manual stage boundaries (block index where each later stage starts); overrides the planner.")
     dp_wrapper: str = _f("fsdp", "Data-parallel wrapper: fsdp (FSDP2 fully_shard; composes with every pipeline schedule), "
-                         "replicate (FSDP2-based DDP), ddp (classic DistributedDataParallel; not with zero-bubble schedules).",
+                         "replicate (FSDP2-based DDP), ddp (classic DistributedDataParallel; refused with pipeline parallelism).",
                          choices=DP_WRAPPERS)
 
 
