@@ -52,6 +52,13 @@ def coerce(path: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(path, f"got {value!r}, expected a list", "write it as [1, 2]")
         return [coerce(path, v, item_tp) for v in value]
+    if typing.get_origin(tp) is dict:   # a free mapping (model.options): its owner checks the values
+        if isinstance(value, str):
+            value = _safe_yaml(path, value) if value.strip() else {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(path, f"got {value!r}, expected a mapping", f"write it as {{key: value}} in YAML, or "
+                              f"--set {path}.KEY=VALUE")
+        return dict(value)
     if isinstance(value, str) and tp is not str:
         value = _parse_scalar(path, value, tp)
     if tp is bool and isinstance(value, bool):
@@ -116,7 +123,7 @@ def parse_assignment(text: str) -> tuple[str, str, str]:
         raise ConfigError(text, "is not of the form section.key=value", "write e.g. --set train.lr=0.001")
     path, value = text.split("=", 1)
     section, key = path.strip().split(".", 1)
-    _check_key(section, key)
+    _check_key(section, key.split(".", 1)[0])
     return section, key, value
 
 
@@ -127,12 +134,31 @@ def apply_overrides(tree: dict[str, Any], assignments: dict[str, Any] | list[str
              else [(f"{s}.{k}", v) for s, k, v in map(parse_assignment, assignments)])
     for path, value in items:
         section, _, key = path.partition(".")
+        key, _, entry = key.partition(".")
         _check_key(section, key)
         tree.setdefault(section, {})
         if tree[section] is None:
             tree[section] = {}
-        tree[section][key] = value
+        if entry:
+            _set_entry(tree[section], path, key, entry, value, from_cli=not isinstance(assignments, dict))
+        else:
+            tree[section][key] = value
     return tree
+
+
+def _set_entry(values: dict[str, Any], path: str, key: str, entry: str, value: Any, *, from_cli: bool) -> None:
+    """`section.key.entry=value` sets one entry of a mapping field (model.options.layers=4)."""
+    owner = f"{path.split('.')[0]}.{key}"
+    if typing.get_origin(field_type(path.split(".")[0], key)) is not dict:
+        raise ConfigError(path, f"is not a config field ({owner} has no entries)", f"write --set {owner}=VALUE")
+    mapping = values.get(key)
+    if mapping is None:
+        mapping = values[key] = {}
+    if not isinstance(mapping, dict):
+        raise ConfigError(owner, f"is {mapping!r}, not a mapping, so {path} cannot be set", f"write {owner} as a "
+                          "mapping {key: value}")
+    # A CLI value is text: read it as YAML (4 -> int, [1, 2] -> list) for the owner's own type checks.
+    mapping[entry] = _safe_yaml(path, value) if from_cli and value.strip() else value
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

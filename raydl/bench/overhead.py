@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from raydl.bench import harness
-from raydl.data.dataset import open_dataset, resolve_path
 from raydl.data.loader import SplitReader
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 
@@ -35,21 +34,21 @@ def steady(values: list[float]) -> float:
 
 def plain_loop(cfg) -> dict[str, float]:
     """What a user would write by hand: tensors in memory, a model, AdamW, a for loop."""
-    spec = get_spec(cfg.model)
-    info = open_dataset(resolve_path(cfg, spec.task))
+    chosen = choose_model(cfg.model)
+    info = chosen.open_dataset(cfg)
     reader = SplitReader(info, "train", seed=0, shuffle=False)
     table = reader.rows(reader.order(0), 0, reader.order(0).num_rows)
     inputs = torch.tensor(table.column("input_ids").to_pylist())
     labels = torch.tensor(table.column("labels").to_pylist())
     torch.manual_seed(cfg.train.seed)
-    model = spec.build(cfg.model, info.meta)
+    model = chosen.build(info.meta)
     optimizer = build_optimizer(model.parameters(), cfg.train)
     gb, rates = cfg.train.global_batch_size, []
     for step in range(cfg.train.max_steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
         i = (step * gb) % (len(inputs) - gb)
-        loss = spec.loss(model(inputs[i:i + gb].long()), labels[i:i + gb].long())
+        loss = chosen.spec.loss(model(inputs[i:i + gb].long()), labels[i:i + gb].long())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         optimizer.step()

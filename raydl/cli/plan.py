@@ -21,8 +21,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from raydl.data.dataset import check_task, open_dataset, resolve_path
-    from raydl.models.registry import get_spec
+    from raydl.models.choice import choose_model
     from raydl.parallel.mesh import min_micro_batch, plan_layouts
     from raydl.parallel.profile import device_memory_bytes, profile_model
     from raydl.parallel.search import format_table
@@ -30,14 +29,13 @@ def run(args) -> int:
     if not any(o.startswith("parallel.pp_degree=") for o in args.overrides):
         args.overrides = ["parallel.pp_degree=auto", *args.overrides]   # list every pp unless one is asked for
     cfg = config_from_args(args)
-    spec = get_spec(cfg.model)
-    info = open_dataset(resolve_path(cfg, spec.task))
-    check_task(info, spec.task, spec.name)
+    chosen = choose_model(cfg.model)
+    info = chosen.open_dataset(cfg)
     torch.manual_seed(cfg.train.seed)
-    model = spec.build(cfg.model, info.meta)
+    model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     memory = int(args.memory_gb * 2**30) if args.memory_gb else device_memory_bytes(device, args.workers)
-    profile = profile_model(model, spec, info.meta, micro_batch=cfg.train.micro_batch_size,
+    profile = profile_model(model, chosen.spec, info.meta, micro_batch=cfg.train.micro_batch_size,
                             precision=cfg.train.precision, device=device)
     chosen, candidates = plan_layouts(profile, cfg, world_size=args.workers, memory_bytes=memory)
     print(f"{len(profile.blocks)} blocks profiled on {device.type} at micro-batch {profile.micro_batch}; "

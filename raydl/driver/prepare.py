@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from raydl.config import JobConfig, default_run_dir
-from raydl.data.dataset import check_task, open_dataset, resolve_path
 from raydl.errors import ConfigError
-from raydl.models.blocks import num_params
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
+from raydl.models.spec import ModelSpec
 from raydl.overrides import dump_yaml
 from raydl.parallel.mesh import Layout
 from raydl.train import checkpoint as ckpt
@@ -33,33 +32,33 @@ RUN_ID_FILE = "run_id"
 class PreparedRun:
     cfg: JobConfig
     run_dir: Path
-    job: dict[str, Any]      # what every worker receives: plain JSON data
+    job: dict[str, Any]      # what every worker receives: plain JSON data, and the spec object of `model`
 
 
 def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Path | None = None,
-                launcher: str = "ray", write: bool = True) -> PreparedRun:
+                launcher: str = "ray", write: bool = True, model: ModelSpec | None = None) -> PreparedRun:
     """Validate everything checkable before any worker starts, then claim the run directory.
 
     `launcher="ray"`: a new run directory, always (raydl never writes over a run). `"torchrun"`:
     every rank calls this and only rank 0 writes (`write`); a directory that holds the same
-    config is the same run restarting (torchrun --max-restarts) and is reused as it is."""
-    spec = get_spec(cfg.model)
-    data_path = resolve_path(cfg, spec.task)
-    info = open_dataset(data_path)
-    check_task(info, spec.task, spec.name)
+    config is the same run restarting (torchrun --max-restarts) and is reused as it is.
+    `model`: a spec object (raydl.train(model=...)) that replaces model.name; it travels in the
+    job, pickled by Ray."""
+    chosen = choose_model(cfg.model, model)
+    info = chosen.open_dataset(cfg)
+    data_path = info.root
     with torch.device("meta"):     # shapes only: counting blocks and parameters allocates no weights
-        model = spec.build(cfg.model, info.meta)
-    check_layout(cfg, num_blocks=len(model.blocks))
+        built = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
+    check_layout(cfg, num_blocks=len(built.blocks))
     resume_from = None
     if resume:
         resume_from = ckpt.resolve_resume(resume)
-        ckpt.check_compatible(ckpt.read_state(resume_from),
-                              {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
-                               "blocks": len(model.blocks)}, resume_from)
+        ckpt.check_compatible(ckpt.read_state(resume_from), chosen.fingerprint(built), resume_from)
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
     run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
     job = {"config": cfg.to_dict(), "data_path": data_path if "://" in data_path else str(Path(data_path).resolve()),
-           "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None}
+           "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
+           "model": model}
     return PreparedRun(cfg, run_dir, job)
 
 

@@ -7,19 +7,16 @@ body and 163M parameters with GPT-2's 50257-token vocabulary (124M + an untied h
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raydl.errors import ConfigError
 from raydl.models.blocks import BlockModel
-
-# name: (layers, width, heads)
-SIZES = {
-    "tiny": (4, 128, 4),     # ~0.8M params + embeddings
-    "mini": (6, 256, 8),
-    "small": (8, 512, 8),
-    "gpt2": (12, 768, 12),   # GPT-2 124M body
-}
+from raydl.models.presets import GPT_SIZES, GptOptions
+from raydl.models.spec import ModelSpec
 
 
 class Embedding(nn.Module):
@@ -74,7 +71,10 @@ class Head(nn.Module):
 
 
 def build_gpt(size: str, *, vocab_size: int, seq_len: int, dropout: float = 0.0) -> BlockModel:
-    layers, width, heads = SIZES[size]
+    return gpt_blocks(*GPT_SIZES[size], vocab_size=vocab_size, seq_len=seq_len, dropout=dropout)
+
+
+def gpt_blocks(layers: int, width: int, heads: int, *, vocab_size: int, seq_len: int, dropout: float) -> BlockModel:
     blocks: dict[str, nn.Module] = {"embed": Embedding(vocab_size, seq_len, width, dropout)}
     for i in range(layers):
         blocks[f"h{i}"] = TransformerBlock(width, heads, dropout)
@@ -102,8 +102,39 @@ def gpt_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
     return int(((logits.argmax(-1) == labels) & mask).sum()), int(mask.sum())
 
 
-def gpt_flops_per_token(size: str, *, vocab_size: int, seq_len: int) -> float:
+def gpt_flops_per_token(layers: int, width: int, *, vocab_size: int, seq_len: int) -> float:
     """Training FLOPs per token, PaLM appendix B / nanoGPT: 6N + 12·L·H·Q·T (N = non-embedding params)."""
-    layers, width, _ = SIZES[size]
     n = layers * 12 * width * width + width * vocab_size
     return 6 * n + 12 * layers * width * seq_len
+
+
+def _at_least_the_dataset(option: str, given: int, needed: int, what: str) -> int:
+    if given and given < needed:
+        raise ConfigError(f"model.options.{option}", f"is {given}, below the dataset's {what} ({needed})",
+                          f"use 0 (the dataset's) or at least {needed}")
+    return given or needed
+
+
+def build(options: GptOptions, meta: dict[str, Any]) -> BlockModel:
+    vocab = _at_least_the_dataset("vocab", options.vocab, meta["vocab_size"], "vocab_size")
+    context = _at_least_the_dataset("seq_len", options.seq_len, meta["seq_len"], "seq_len")
+    return gpt_blocks(*options.dims(), vocab_size=vocab, seq_len=context, dropout=options.dropout)
+
+
+def flops_per_sample(options: GptOptions, meta: dict[str, Any]) -> float:
+    layers, width, _ = options.dims()
+    vocab = options.vocab or meta["vocab_size"]
+    return meta["seq_len"] * gpt_flops_per_token(layers, width, vocab_size=vocab, seq_len=meta["seq_len"])
+
+
+def tokens(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch["input_ids"].long(), batch["labels"].long()
+
+
+def random_tokens(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
+    return torch.randint(meta["vocab_size"], (micro_batch, meta["seq_len"]))
+
+
+spec = ModelSpec(name="gpt", build=build, inputs_targets=tokens, loss=gpt_loss, example_inputs=random_tokens,
+                 correct=gpt_correct, units_per_sample=lambda meta: meta["seq_len"], flops_per_sample=flops_per_sample,
+                 options=GptOptions, task="tokens", columns=("input_ids", "labels"))

@@ -1,72 +1,80 @@
-"""Model registry: the trainer only ever talks to a model through its `ModelSpec`."""
+"""Which `ModelSpec` `model.name` names: a built-in (gpt, resnet, hf) or `package.module:attribute`.
+
+An import path names a `raydl.ModelSpec`, or a function that returns one, in a module found
+from the working directory (where Ray's local workers find it too; `raydl submit` uploads it).
+Anything wrong is a ConfigError naming `model.name`: the module is not there, it fails to import,
+the attribute is missing, it is not a spec, or the function raises.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import importlib
+import os
+import sys
+import traceback
+from typing import Any
 
-import torch
+from raydl.errors import ConfigError, RaydlError
+from raydl.models.spec import ModelSpec
 
-from raydl.config import ModelSection
-from raydl.errors import ConfigError
-from raydl.models import gpt, resnet
-from raydl.models.blocks import BlockModel
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    sizes: tuple[str, ...]
-    task: str                                   # the dataset kind it trains on: "tokens" or "images"
-    build: Callable[[ModelSection, dict[str, Any]], BlockModel]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]]
-    inputs_targets: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
-    units_per_sample: Callable[[dict[str, Any]], int]   # tokens per sample (or 1 image), for throughput
-    flops_per_sample: Callable[[ModelSection, dict[str, Any]], float]   # training FLOPs, for MFU; 0 = unknown
-    example_inputs: Callable[[dict[str, Any], int], torch.Tensor]   # (meta, micro_batch) -> a random model input
+BUILTIN = {"gpt": "raydl.models.gpt:spec", "resnet": "raydl.models.resnet:spec", "hf": "raydl.models.hf:spec"}
+FORM = "package.module:attribute"
 
 
-def _tokens(batch):
-    return batch["input_ids"].long(), batch["labels"].long()
+def resolve_spec(name: str) -> ModelSpec:
+    path = BUILTIN.get(name, name)
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError("model.name", f"is {name!r}, neither a built-in model ({', '.join(BUILTIN)}) nor an "
+                          f"import path", f"use a built-in name, or {FORM} naming a raydl.ModelSpec (or a function "
+                          f"that returns one), e.g. --set model.name=examples.mlp_classifier:spec")
+    module = _import(module_name, name)
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigError("model.name", f"is {name!r}, but module '{module_name}' ({module.__file__}) has no "
+                              f"attribute {attribute!r}", f"define {attribute} there, or name one it has")
+        target = getattr(target, part)
+    return _as_spec(target, name)
 
 
-def _images(batch):
-    # uint8 HWC-flattened rows -> normalised float NCHW; the shape comes from the dataset manifest.
-    x = batch["image"].float().div_(255.0).sub_(0.5).div_(0.25)
-    return x, batch["label"].long()
+def _import(module_name: str, name: str):
+    # `raydl train` runs from a console script, whose directory, not the working one, starts sys.path.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except RaydlError:
+        raise
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name) and module_name[len(e.name):][:1] in ("", "."):
+            raise ConfigError("model.name", f"is {name!r}, but no module '{module_name}' is importable from the "
+                              f"working directory {os.getcwd()}", f"run from the directory holding "
+                              f"{module_name.replace('.', '/')}.py, or install the package that has it") from None
+        raise _raised(name, f"importing '{module_name}'", e) from None
+    except Exception as e:   # the user's module ran and failed: say where, in one paragraph
+        raise _raised(name, f"importing '{module_name}'", e) from None
 
 
-def _random_tokens(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
-    return torch.randint(meta["vocab_size"], (micro_batch, meta["seq_len"]))
+def _as_spec(target: Any, name: str) -> ModelSpec:
+    if callable(target) and not isinstance(target, (ModelSpec, type)):
+        try:
+            target = target()
+        except RaydlError:
+            raise
+        except Exception as e:
+            raise _raised(name, f"calling {name.partition(':')[2]}()", e) from None
+    if not isinstance(target, ModelSpec):
+        what = f"the class {target.__name__}" if isinstance(target, type) else f"a {type(target).__name__}"
+        raise ConfigError("model.name", f"is {name!r}, which is {what}, not a raydl.ModelSpec",
+                          "point it at a raydl.ModelSpec(...) object, or at a function without arguments that "
+                          "returns one")
+    return target
 
 
-def _random_images(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
-    return torch.randn(micro_batch, *meta["image_shape"])   # as normalised by _images
-
-
-def _build_gpt(m: ModelSection, meta: dict[str, Any]) -> BlockModel:
-    return gpt.build_gpt(m.size, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"], dropout=m.dropout)
-
-
-def _build_resnet(m: ModelSection, meta: dict[str, Any]) -> BlockModel:
-    return resnet.build_resnet(m.size, num_classes=meta["num_classes"], channels=meta["image_shape"][0])
-
-
-REGISTRY: dict[str, ModelSpec] = {
-    "gpt": ModelSpec("gpt", tuple(gpt.SIZES), "tokens", _build_gpt, gpt.gpt_loss, gpt.gpt_correct, _tokens,
-                     lambda meta: meta["seq_len"],
-                     lambda m, meta: meta["seq_len"] * gpt.gpt_flops_per_token(m.size, vocab_size=meta["vocab_size"],
-                                                                               seq_len=meta["seq_len"]),
-                     _random_tokens),
-    "resnet": ModelSpec("resnet", tuple(resnet.SIZES), "images", _build_resnet, resnet.resnet_loss,
-                        resnet.resnet_correct, _images, lambda meta: 1, lambda m, meta: 0.0, _random_images),
-}
-
-
-def get_spec(model: ModelSection) -> ModelSpec:
-    spec = REGISTRY[model.name]
-    if model.size not in spec.sizes:
-        raise ConfigError("model.size", f"is {model.size!r}, which model '{model.name}' does not have",
-                          f"use one of {', '.join(spec.sizes)}")
-    return spec
+def _raised(name: str, doing: str, error: Exception) -> ConfigError:
+    theirs = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename != __file__]
+    at = f" at {theirs[-1].filename}:{theirs[-1].lineno}" if theirs else ""
+    message = " ".join(str(error).split())[:300]
+    return ConfigError("model.name", f"is {name!r}, but {doing} raised {type(error).__name__}: {message}{at}",
+                       "fix that error in the model's module (or install what it imports), then run again")

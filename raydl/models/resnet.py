@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raydl.models.blocks import BlockModel
-
-# name: (widths per stage, residual blocks per stage)
-SIZES = {
-    "tiny": ((16, 32, 64), 1),
-    "resnet18": ((64, 128, 256, 512), 2),
-}
+from raydl.models.presets import ResnetOptions
+from raydl.models.spec import ModelSpec
 
 
 class BasicBlock(nn.Module):
@@ -50,8 +48,7 @@ class Head(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def build_resnet(size: str, *, num_classes: int, channels: int = 3) -> BlockModel:
-    widths, per_stage = SIZES[size]
+def build_resnet(widths: tuple[int, ...], per_stage: int, *, num_classes: int, channels: int) -> BlockModel:
     blocks: dict[str, nn.Module] = {"stem": Stem(channels, widths[0])}
     c_in, i = widths[0], 0
     for stage, width in enumerate(widths):
@@ -68,3 +65,21 @@ def resnet_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def resnet_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
     return int((logits.argmax(-1) == labels).sum()), labels.numel()
+
+
+def images(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    # uint8 HWC-flattened rows -> normalised float NCHW; the shape comes from the dataset manifest.
+    x = batch["image"].float().div_(255.0).sub_(0.5).div_(0.25)
+    return x, batch["label"].long()
+
+
+def random_images(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
+    return torch.randn(micro_batch, *meta["image_shape"])   # as normalised by images()
+
+
+def build(options: ResnetOptions, meta: dict[str, Any]) -> BlockModel:
+    return build_resnet(*options.dims(), num_classes=meta["num_classes"], channels=meta["image_shape"][0])
+
+
+spec = ModelSpec(name="resnet", build=build, inputs_targets=images, loss=resnet_loss, example_inputs=random_images,
+                 correct=resnet_correct, options=ResnetOptions, task="images", columns=("image", "label"))

@@ -58,3 +58,7 @@ class ModelSpec:
     task: str | None = None
     # dataset columns inputs_targets reads (checked before Ray starts)
     columns: tuple[str, ...] = ()
+
+    def count_correct(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+        """(correct, counted) of `correct`; (0, 0) without one, which leaves the accuracy unknown."""
+        return self.correct(outputs, targets) if self.correct else (0, 0)

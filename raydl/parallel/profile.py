@@ -23,7 +23,7 @@ import torch.distributed as dist
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.models.blocks import BlockModel
-from raydl.models.registry import ModelSpec
+from raydl.models.spec import ModelSpec
 from raydl.parallel.schedules import require_positive
 from raydl.train.precision import autocast
 

@@ -21,13 +21,12 @@ import torch
 import torch.distributed as dist
 
 from raydl.config import JobConfig
-from raydl.data.dataset import check_task, open_dataset
+from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
 from raydl.errors import TrainingDiverged
-from raydl.models.blocks import num_params
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import build_config
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.records import FinalInfo, WorkerReport
@@ -105,13 +104,13 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep, cfg.telemetry.progress)
-    spec = get_spec(cfg.model)
+    chosen = choose_model(cfg.model, job.get("model"))
+    spec = chosen.spec
     info = open_dataset(job["data_path"])
-    check_task(info, spec.task, spec.name)
+    chosen.check_data(info)
     torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
-    model = spec.build(cfg.model, info.meta)
-    fingerprint = {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
-                   "blocks": len(model.blocks)}
+    model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
+    fingerprint = chosen.fingerprint(model)
     engine = build_engine(model, cfg, spec, session, info.meta)
     layout = engine.layout
     optimizer = build_optimizer(engine.parameters(), cfg.train)
@@ -125,7 +124,7 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
                         ledger=Ledger.from_config(cfg.debug))
     clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size,
                       units_per_sample=spec.units_per_sample(info.meta),
-                      flops_per_sample=spec.flops_per_sample(cfg.model, info.meta))
+                      flops_per_sample=chosen.flops_per_sample(info.meta) or 0.0)   # 0 = unknown
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     if session.rank == 0:

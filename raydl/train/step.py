@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from raydl.models.registry import ModelSpec
+from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import gradient_sync
 from raydl.train.precision import autocast
 
@@ -66,7 +66,7 @@ def evaluate(model: nn.Module, spec: ModelSpec, batches, *, precision: str, devi
         with autocast(precision, device):
             out = model(inputs)
         loss_sum += float(spec.loss(out, targets))
-        c, k = spec.correct(out, targets)
+        c, k = spec.count_correct(out, targets)
         n, correct, counted = n + 1, correct + c, counted + k
     model.train(was_training)
     return loss_sum, n, correct, counted

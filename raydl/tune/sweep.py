@@ -158,8 +158,7 @@ def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
 
 def prepare_data(spec: SweepSpec) -> None:
     """Check (and for 'builtin', generate once) every dataset the trials use, before any trial starts."""
-    from raydl.data.dataset import check_task, open_dataset, resolve_path
-    from raydl.models.registry import get_spec
+    from raydl.models.choice import choose_model
     from raydl.tune.space import probe_points
 
     seen = set()
@@ -168,8 +167,7 @@ def prepare_data(spec: SweepSpec) -> None:
         key = (cfg.model.name, json.dumps(cfg.data.__dict__, sort_keys=True, default=str), cfg.train.seed)
         if key not in seen:
             seen.add(key)
-            model_spec = get_spec(cfg.model)
-            check_task(open_dataset(resolve_path(cfg, model_spec.task)), model_spec.task, model_spec.name)
+            choose_model(cfg.model).open_dataset(cfg)
 
 
 def new_sweep_dir(spec: SweepSpec) -> Path:

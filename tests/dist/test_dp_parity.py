@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from raydl.config import DP_WRAPPERS
 from raydl.data.builtin import arithmetic_table
 from raydl.data.loader import to_tensors
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.train.engines import DataParallelEngine
@@ -42,9 +42,10 @@ def config(wrapper: str, world_size: int):
 
 
 def train(cfg, world_size: int, rank: int) -> dict[str, torch.Tensor]:
-    spec = get_spec(cfg.model)
+    chosen = choose_model(cfg.model)
+    spec = chosen.spec
     torch.manual_seed(0)
-    model = spec.build(cfg.model, META)
+    model = chosen.build(META)
     layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
     mesh = build_mesh(layout, "cpu") if world_size > 1 else None
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
@@ -84,4 +85,4 @@ def test_two_ranks_match_one_process_on_the_full_batch(tmp_path):
 def initial_params() -> dict[str, torch.Tensor]:
     cfg = config("fsdp", 1)
     torch.manual_seed(0)
-    return copy.deepcopy(get_spec(cfg.model).build(cfg.model, META).state_dict())
+    return copy.deepcopy(choose_model(cfg.model).build(META).state_dict())

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.schedules import NAMES
@@ -42,9 +42,10 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mesh) -> float:
     """Asserts parity on this rank; returns the largest gradient difference seen."""
     cfg = _config(schedule, world_size // 2, wrapper)
-    spec = get_spec(cfg.model)
+    chosen = choose_model(cfg.model)
+    spec = chosen.spec
     torch.manual_seed(0)
-    model = spec.build(cfg.model, {"vocab_size": VOCAB, "seq_len": SEQ})
+    model = chosen.build({"vocab_size": VOCAB, "seq_len": SEQ})
     reference = copy.deepcopy(model)
     layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))

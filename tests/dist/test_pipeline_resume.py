@@ -11,8 +11,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.tensor import DTensor
 
 from raydl.data.dataset import open_dataset, resolve_path
-from raydl.models.blocks import num_params
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from raydl.train.engines import build_engine
@@ -36,12 +35,12 @@ def _load_each(rank: int, world_size: int, layouts: list[list[str]], data_path: 
 def _load_and_compare(rank: int, world_size: int, overrides: list[str], data_path: str, path: str,
                       full_pt: str) -> None:
     cfg = load_config(None, overrides)
-    spec = get_spec(cfg.model)
+    chosen = choose_model(cfg.model)
+    spec = chosen.spec
     torch.manual_seed(123)                     # a different init: only loading can make the weights equal
     meta = open_dataset(data_path).meta
-    model = spec.build(cfg.model, meta)
-    fingerprint = {"name": cfg.model.name, "size": cfg.model.size, "params": num_params(model),
-                   "blocks": len(model.blocks)}
+    model = chosen.build(meta)
+    fingerprint = chosen.fingerprint(model)
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
     engine = build_engine(model, cfg, spec, session, meta)
     optimizer = build_optimizer(engine.parameters(), cfg.train)
@@ -61,7 +60,7 @@ def test_pp2_checkpoint_loads_at_pp1_dp2_and_other_schedule(tiny_overrides, tmp_
     base = [o for o in tiny_overrides if not o.startswith(("train.max_steps", "checkpoint.every_steps"))]
     base += [f"train.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}"]
     cfg = load_config(None, base)
-    data_path = str(Path(resolve_path(cfg, get_spec(cfg.model).task)).resolve())
+    data_path = str(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)).resolve())
     run_dir = tmp_path / "run"
     pp2 = ["parallel.pp_degree=2", "parallel.schedule=zbv", "parallel.num_microbatches=4"]
     run_gloo(_train, 2, base + pp2, data_path, str(run_dir))

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from raydl.data.dataset import resolve_path
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
@@ -87,7 +87,7 @@ def reference(references) -> dict:
 
 def data_dir(data_cache: Path) -> Path:
     cfg = load_config(None, base(data_cache))
-    return Path(resolve_path(cfg, get_spec(cfg.model).task))
+    return Path(resolve_path(cfg, choose_model(cfg.model).spec.task))
 
 
 @pytest.fixture

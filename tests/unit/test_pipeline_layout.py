@@ -12,7 +12,7 @@ from raydl.data.builtin import IMAGES_META, TOKENS_META
 from raydl.driver.prepare import check_layout
 from raydl.errors import LayoutError
 from raydl.models.blocks import num_params
-from raydl.models.registry import get_spec
+from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, validate
 from raydl.parallel.pipeline import split_stages, stage_cuts
@@ -46,17 +46,17 @@ def test_default_cuts_balance_blocks_and_manual_cuts_win():
 @pytest.mark.parametrize("name, meta", [("gpt", TOKENS_META), ("resnet", IMAGES_META)])
 def test_example_inputs_feed_the_model_and_meta_builds_count_like_real_ones(name, meta):
     cfg = load_config(None, [f"model.name={name}", "model.size=tiny"])
-    spec = get_spec(cfg.model)
-    model = spec.build(cfg.model, meta)
-    assert model(spec.example_inputs(meta, 2)).shape[0] == 2     # what the planner's profile runs
-    with torch.device("meta"):                                     # what the driver counts (prepare_run)
-        shapes_only = spec.build(cfg.model, meta)
+    chosen = choose_model(cfg.model)
+    model = chosen.build(meta)
+    assert model(chosen.spec.example_inputs(meta, 2)).shape[0] == 2     # what the planner's profile runs
+    with torch.device("meta"):                                            # what the driver counts (prepare_run)
+        shapes_only = chosen.build(meta)
     assert (num_params(shapes_only), len(shapes_only.blocks)) == (num_params(model), len(model.blocks))
 
 
 def test_stages_keep_global_parameter_names():
     cfg = load_config(None, [])
-    model = get_spec(cfg.model).build(cfg.model, {"vocab_size": 16, "seq_len": 8})
+    model = choose_model(cfg.model).build({"vocab_size": 16, "seq_len": 8})
     full = {n for n, _ in model.named_parameters()}
     first, last = split_stages(model, (2, 3, 5), (0, 3))   # V placement, rank 0: stages 0 and 3
     assert list(first.blocks) == ["embed", "h0"] and list(last.blocks) == ["head"]
