@@ -15,6 +15,7 @@ from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.stop import SignalStop, start_stop_request
 from raydl.errors import ConfigError
+from raydl.models.spec import ModelSpec
 
 
 def ray_env(cfg: JobConfig) -> dict[str, str]:
@@ -132,9 +133,11 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     )
 
 
-def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None) -> dict[str, Any]:
+def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,
+                 model: ModelSpec | None = None) -> dict[str, Any]:
+    """`model`: a spec object that replaces the one model.name names (raydl.train(model=...))."""
     t0 = time.time()
-    run = prepare_run(cfg, resume=resume)
+    run = prepare_run(cfg, resume=resume, model=model)
     print(f"[raydl] run directory: {run.run_dir}", flush=True)
     try:
         result = fit(run, address)
