@@ -15,7 +15,7 @@ import sys
 
 from raydl.errors import RaydlError
 
-COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench")
+COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,86 @@
+"""What export reads: a run's checkpoint, the config that trained it and its dataset's meta.
+
+RUN_OR_CHECKPOINT is a run directory (its newest usable checkpoint) or one checkpoint
+(runs/<run>/train/step_NNNNNNNN). The config is the run's config.yaml, found above the
+checkpoint, or --config for a checkpoint stored elsewhere (checkpoint.storage_path). The model is
+rebuilt on the CPU from that config and the checkpoint loaded into it through raydl's checkpoint
+loader (restricted reader: nothing in the checkpoint runs; no process group needed), whatever
+layout saved it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raydl.config import JobConfig
+from raydl.data.dataset import DatasetInfo
+from raydl.errors import CheckpointError
+from raydl.models.blocks import BlockModel
+from raydl.models.choice import ModelChoice, choose_model
+from raydl.overrides import load_config
+from raydl.train import checkpoint as ckpt
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_FORM = "a run directory or one of its checkpoints (runs/<run>/train/step_NNNNNNNN)"
+
+
+@dataclass(frozen=True)
+class Trained:
+    checkpoint: Path
+    cfg: JobConfig
+    choice: ModelChoice
+    data: DatasetInfo
+
+    @property
+    def meta(self) -> dict:
+        return self.data.meta
+
+    def load_into(self, model: BlockModel) -> BlockModel:
+        """The checkpoint's weights in `model` (built from this config), in eval mode."""
+        with warnings.catch_warnings():   # DCP's note that it loads without a process group: that is the intent
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            ckpt.load(self.checkpoint, model, [], self.choice.fingerprint(model))
+        return model.eval()
+
+    def build(self) -> BlockModel:
+        torch.manual_seed(self.cfg.train.seed)
+        return self.choice.build(self.meta)
+
+
+def find_trained(source: str, *, config: str | None = None) -> Trained:
+    checkpoint = find_checkpoint(source)
+    cfg = load_config(config or str(_run_config(checkpoint, source)), [])
+    choice = choose_model(cfg.model)
+    return Trained(checkpoint, cfg, choice, choice.open_dataset(cfg))
+
+
+def find_checkpoint(source: str) -> Path:
+    """`source` itself when it is a checkpoint (refused if damaged), else its newest usable one."""
+    path = Path(source)
+    if not path.exists():
+        raise CheckpointError(f"export source '{source}' does not exist. Fix: pass {CHECKPOINT_FORM}.")
+    if ckpt.is_complete(path):
+        problem = ckpt.verify(path)
+        if problem:
+            raise CheckpointError(f"checkpoint '{path}' is not usable: {problem}. Fix: export an earlier checkpoint "
+                                  f"of the run, or pass the run directory to take its newest usable one.")
+        return path.resolve()
+    newest = ckpt.first_valid([str(c) for c in ckpt.all_complete(path)])
+    if newest is None:
+        raise CheckpointError(f"export source '{source}' holds no usable raydl checkpoint (a warning above names any "
+                              f"skipped). Fix: pass {CHECKPOINT_FORM} that saved at least one checkpoint.")
+    return Path(newest).resolve()
+
+
+def _run_config(checkpoint: Path, source: str) -> Path:
+    """The config.yaml of the run: in the run directory, which holds train/step_N."""
+    for folder in (checkpoint, *list(checkpoint.parents)[:2]):
+        if (folder / CONFIG_FILE).is_file():
+            return folder / CONFIG_FILE
+    raise CheckpointError(f"no {CONFIG_FILE} found with checkpoint '{checkpoint}' (a run directory holds one, two "
+                          f"levels above its checkpoints). Fix: pass the run's config with --config, or pass the run "
+                          f"directory instead of '{source}'.")
