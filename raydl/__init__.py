@@ -11,12 +11,12 @@ nor Ray: the names that need them load on first use.
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Any
 
 from raydl.errors import CheckpointError, ConfigError, DataError, LayoutError, RaydlError
 
-_LAZY = {"ModelSpec": "raydl.models.spec", "BlockModel": "raydl.models.blocks",
-         "train": "raydl.api", "sweep": "raydl.api"}
+_LAZY = {"ModelSpec": "raydl.models.spec", "BlockModel": "raydl.models.blocks", "sweep": "raydl.api"}
 
 __all__ = ["train", "sweep", "ModelSpec", "BlockModel",
            "RaydlError", "ConfigError", "DataError", "CheckpointError", "LayoutError"]
@@ -32,3 +32,19 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+class _CallablePackage(types.ModuleType):
+    """`raydl.train` names both the subpackage of the training loop (raydl/train/) and the function
+    raydl.api.train; Python binds the subpackage to that attribute on its first import, so the
+    package itself is made callable instead of being shadowed (and `raydl.train.loop` still works)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        from raydl.api import train
+
+        return train(*args, **kwargs)
+
+
+from raydl import train as _train_package  # noqa: E402  (an empty __init__: nothing heavy is imported)
+
+_train_package.__class__ = _CallablePackage

@@ -8,10 +8,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from raydl.overrides import read_yaml
-
 SWEEP_HELP = """sweep file (YAML):
   base: {section: {key: value}}   training config every trial starts from (or base_config: FILE)
   space: {section.key: VALUES}    [a, b] grid | choice([a, b]) | uniform(a, b) | loguniform(a, b) | randint(a, b)
@@ -40,37 +36,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raydl.errors import ConfigError
-    from raydl.tune.space import default_sweep, parse_sweep
-    from raydl.tune.sweep import resume_sweep, run_sweep
+    from raydl import api
 
-    if args.resume:
-        if args.config or args.overrides:
-            raise ConfigError("--resume", "is given with --config/--set", "a resumed sweep keeps its own config; "
-                              "drop --config and --set")
-        summary = resume_sweep(args.resume, address=args.address)
-    elif args.config:
-        spec = parse_sweep(read_yaml(args.config), base_dir=Path(args.config).parent, overrides=args.overrides)
-        summary = run_sweep(spec, address=args.address)
-    else:
-        spec = parse_sweep(default_sweep(gpu=False), overrides=args.overrides)   # bad --set fails before Ray starts
-        if _has_gpu(args.address):
-            spec = parse_sweep(default_sweep(gpu=True), overrides=args.overrides)
-        summary = run_sweep(spec, address=args.address)
+    summary = api.sweep(args.config, overrides=args.overrides, address=args.address, resume=args.resume)
     interrupted = summary["not_started"] or any(r["status"] == "unfinished" for r in summary["trials"])
     return 130 if interrupted else 0
-
-
-def _has_gpu(address: str | None) -> bool:
-    """fp16 joins the default sweep only where there are GPUs (CPU autocast fp16 is slow and unscaled)."""
-    if address:
-        import ray
-
-        from raydl.driver.ray_trainer import connect, ray_env
-        from raydl.config import JobConfig
-
-        connect(address, ray_env(JobConfig()))
-        return ray.cluster_resources().get("GPU", 0) > 0
-    import torch
-
-    return torch.cuda.is_available()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from raydl.cli.common import add_config_args, config_from_args, parser_kwargs
+from raydl.cli.common import add_config_args, parser_kwargs
 
 
 def register(sub) -> None:
@@ -16,10 +16,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from raydl.driver.ray_trainer import run_training
+    from raydl import api
 
-    cfg = config_from_args(args)
-    summary = run_training(cfg, address=args.address, resume=args.resume)
+    summary = api.train(args.config, overrides=args.overrides, address=args.address, resume=args.resume)
     print(json.dumps(summary, indent=1))
     signum = summary.get("stopped_by_signal", 0)
     return 128 + signum if signum else 0

@@ -38,10 +38,16 @@ def resolve_spec(name: str) -> ModelSpec:
     return _as_spec(target, name)
 
 
+def search_from(directory: str) -> None:
+    """Import models from `directory` first. The driver uses its working directory (`raydl train` runs
+    from a console script, whose directory, not the working one, starts sys.path); the workers use the
+    driver's, as Ray does for the processes of a Ray it starts, also when Ray was started before."""
+    if directory not in sys.path and os.path.isdir(directory):
+        sys.path.insert(0, directory)
+
+
 def _import(module_name: str, name: str):
-    # `raydl train` runs from a console script, whose directory, not the working one, starts sys.path.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    search_from(os.getcwd())
     try:
         return importlib.import_module(module_name)
     except RaydlError:

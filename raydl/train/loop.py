@@ -27,6 +27,7 @@ from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
 from raydl.errors import TrainingDiverged
 from raydl.models.choice import choose_model
+from raydl.models.registry import search_from
 from raydl.overrides import build_config
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.records import FinalInfo, WorkerReport
@@ -104,6 +105,7 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep, cfg.telemetry.progress)
+    search_from(job.get("import_dir", ""))     # where the driver imported model.name from
     chosen = choose_model(cfg.model, job.get("model"))
     spec = chosen.spec
     info = open_dataset(job["data_path"])

@@ -67,8 +67,9 @@ def trial_history(trial_dir: Path) -> list[dict[str, Any]]:
     return report.stitch([report.read_records(a) for a in _attempts(trial_dir)])
 
 
-def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str) -> None:
-    """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint."""
+def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, model=None) -> None:
+    """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint.
+    `model`: the ModelSpec object of raydl.sweep(model=...), or None for model.name's."""
     from ray import tune
 
     from raydl.driver.prepare import prepare_run
@@ -81,7 +82,7 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str) 
     resumed_step = ckpt.read_state(resume_from)["step"] if resume_from else 0
     tree = apply_overrides(trial_tree(spec, params), {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"),
                                                       "scaling.max_failures": 0})
-    run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None)
+    run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
     prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
     reporter = TrialReporter(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
     build_trainer(run, callbacks=[reporter]).fit()   # raises on any worker failure -> trial ERROR
@@ -156,7 +157,7 @@ def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
     return apply_overrides(base, fixed)
 
 
-def prepare_data(spec: SweepSpec) -> None:
+def prepare_data(spec: SweepSpec, model=None) -> None:
     """Check (and for 'builtin', generate once) every dataset the trials use, before any trial starts."""
     from raydl.models.choice import choose_model
     from raydl.tune.space import probe_points
@@ -167,7 +168,7 @@ def prepare_data(spec: SweepSpec) -> None:
         key = (cfg.model.name, json.dumps(cfg.data.__dict__, sort_keys=True, default=str), cfg.train.seed)
         if key not in seen:
             seen.add(key)
-            choose_model(cfg.model).open_dataset(cfg)
+            choose_model(cfg.model, model).open_dataset(cfg)
 
 
 def new_sweep_dir(spec: SweepSpec) -> Path:
@@ -177,17 +178,17 @@ def new_sweep_dir(spec: SweepSpec) -> Path:
     return sweep_dir
 
 
-def _trainable(spec: SweepSpec, sweep_dir: Path):
+def _trainable(spec: SweepSpec, sweep_dir: Path, model):
     from ray import tune
 
-    return tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir))
+    return tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), model=model)
 
 
-def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int):
+def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int, model):
     from ray import tune
 
     return tune.Tuner(
-        _trainable(spec, sweep_dir),
+        _trainable(spec, sweep_dir, model),
         param_space={d.path: d.tune_domain() for d in spec.space.values()},
         tune_config=tune.TuneConfig(num_samples=spec.num_samples, max_concurrent_trials=concurrency,
                                     scheduler=_asha(spec), trial_dirname_creator=lambda t: t.trial_id),
@@ -195,12 +196,13 @@ def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int):
     )
 
 
-def run_sweep(spec: SweepSpec, *, address: str | None = None) -> dict[str, Any]:
-    """Start a sweep: check data and resources, write sweep.yaml, run all trials, write the report."""
+def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dict[str, Any]:
+    """Start a sweep: check data and resources, write sweep.yaml, run all trials, write the report.
+    `model`: a ModelSpec object every trial trains instead of model.name's (raydl.sweep(model=...))."""
     from raydl.driver.ray_trainer import connect, ray_env, use_gpu
 
     spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
-    prepare_data(spec)
+    prepare_data(spec, model)
     connect(address, ray_env(spec.base_config()))
     import ray
 
@@ -208,10 +210,10 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None) -> dict[str, Any]:
     sweep_dir = new_sweep_dir(spec)
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
     print(f"[raydl] sweep directory: {sweep_dir} ({num_trials(spec)} trials, {concurrency} at a time)", flush=True)
-    return _finish(spec, sweep_dir, _tuner(spec, sweep_dir, concurrency))
+    return _finish(spec, sweep_dir, _tuner(spec, sweep_dir, concurrency, model))
 
 
-def resume_sweep(sweep_dir: str | Path, *, address: str | None = None) -> dict[str, Any]:
+def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=None) -> dict[str, Any]:
     """Continue an interrupted sweep: finished and failed trials are kept, unfinished ones resume from checkpoints."""
     from ray import tune
 
@@ -224,7 +226,7 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None) -> dict[s
     spec = parse_sweep(yaml.safe_load((sweep_dir / SWEEP_FILE).read_text()))
     connect(address, ray_env(spec.base_config()))
     print(f"[raydl] resuming sweep {sweep_dir}", flush=True)
-    tuner = tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=_trainable(spec, sweep_dir),
+    tuner = tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=_trainable(spec, sweep_dir, model),
                                resume_unfinished=True, resume_errored=False)
     return _finish(spec, sweep_dir, tuner)
 
