@@ -21,10 +21,11 @@ from raydl.train.engines import PipelineEngine
 from tests.helpers import run_gloo
 
 VOCAB, SEQ, M, ROWS_PER_REPLICA = 32, 8, 4, 8
+GPT = ("model.size=tiny",)   # the model's overrides; tests/dist/test_hf_parity.py passes Hugging Face ones
 
 
-def _config(schedule: str, dp: int, wrapper: str = "fsdp"):
-    return load_config(None, ["model.size=tiny", "parallel.pp_degree=2", f"parallel.schedule={schedule}",
+def _config(schedule: str, dp: int, wrapper: str = "fsdp", model: tuple[str, ...] = GPT):
+    return load_config(None, [*model, "parallel.pp_degree=2", f"parallel.schedule={schedule}",
                               f"parallel.num_microbatches={M}", f"parallel.dp_wrapper={wrapper}",
                               f"train.global_batch_size={ROWS_PER_REPLICA * dp}", "train.micro_batch_size=2"])
 
@@ -39,9 +40,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mesh) -> float:
+def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mesh, model: tuple[str, ...]) -> float:
     """Asserts parity on this rank; returns the largest gradient difference seen."""
-    cfg = _config(schedule, world_size // 2, wrapper)
+    cfg = _config(schedule, world_size // 2, wrapper, model)
     chosen = choose_model(cfg.model)
     spec = chosen.spec
     torch.manual_seed(0)
@@ -90,19 +91,20 @@ def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mes
     return worst
 
 
-def _all_schedules(rank: int, world_size: int, wrappers: dict[str, str], out_dir: str) -> None:
+def _all_schedules(rank: int, world_size: int, wrappers: dict[str, str], out_dir: str, model: tuple[str, ...]) -> None:
     torch.set_num_threads(1)
     cfg = _config("1f1b", world_size // 2)
     mesh = build_mesh(Layout.from_config(cfg, world_size, num_blocks=6), "cpu")
-    worst = {schedule: _check_schedule(rank, world_size, schedule, wrapper, mesh)
+    worst = {schedule: _check_schedule(rank, world_size, schedule, wrapper, mesh, model)
              for schedule, wrapper in wrappers.items()}
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(worst, f)
 
 
-def assert_every_schedule_matches(world_size: int, wrappers: dict[str, str], tmp_path) -> None:
+def assert_every_schedule_matches(world_size: int, wrappers: dict[str, str], tmp_path,
+                                  model: tuple[str, ...] = GPT) -> None:
     """Every rank checked every schedule (a rank that skipped one would leave it out) within fp32 rounding."""
-    run_gloo(_all_schedules, world_size, wrappers, str(tmp_path))
+    run_gloo(_all_schedules, world_size, wrappers, str(tmp_path), model)
     for rank in range(world_size):
         worst = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert worst.keys() == wrappers.keys(), (rank, worst)
