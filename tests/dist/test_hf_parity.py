@@ -100,15 +100,15 @@ def test_pp2_checkpoint_resumes_at_dp2_with_equal_loss_and_exports(tmp_path, tin
         assert sorted(after) == list(range(K + 1, 2 * K + 1)), after
         for step, loss in after.items():
             assert abs(loss - before[step]) < 1e-5, (family, step, loss, before[step])
-        _assert_export_matches(halfway[family], MODELS[family], base, tmp_path / f"{family}-hf")
+        assert_export_matches(halfway[family], load_config(None, base + list(MODELS[family])), tmp_path / f"{family}-hf")
 
 
-def _assert_export_matches(checkpoint: Path, model: tuple[str, ...], base: list[str], out: Path) -> None:
-    """The pp=2 checkpoint exported, against raydl's whole model loaded from it in this process."""
+def assert_export_matches(checkpoint: Path, cfg, out: Path) -> None:
+    """`raydl export` of a checkpoint of any layout, against raydl's whole model (config `cfg`) loaded from it in
+    this process."""
     from transformers import AutoModelForCausalLM
 
     assert main(["export", str(checkpoint), "--format", "hf", "--out", str(out)]) == 0
-    cfg = load_config(None, base + list(model))
     choice = choose_model(cfg.model)
     meta = choice.open_dataset(cfg).meta
     torch.manual_seed(1)   # unlike the run's init: only the checkpoint can make the two agree

@@ -184,3 +184,30 @@ def test_flops_per_sample_counts_every_parameter_but_the_input_embeddings():
     n = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
     layers, width, seq = 2, 64, META["seq_len"]
     assert flops_per_sample(options, META) == seq * (6 * n + 12 * layers * width * seq)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    from raydl.train.engines import apply_activation_checkpointing
+
+    plain, _ = _pair(_options("llama"))
+    checkpointed, _ = _pair(_options("llama"))
+    apply_activation_checkpointing(checkpointed)
+    ids = _ids()
+    for model in (plain, checkpointed):
+        model.train()
+        model(ids).logsumexp(-1).mean().backward()
+    names = [n.replace("._checkpoint_wrapped_module", "") for n, _ in checkpointed.named_parameters()]
+    assert names == [n for n, _ in plain.named_parameters()]   # checkpoints keep their keys
+    for a, b in zip(plain.parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-6)
+
+
+def test_the_planner_profiles_every_block():
+    from raydl.parallel.profile import profile_model
+
+    blocks, _ = _pair(_options("gpt2"))
+    choice = choose_model(load_config(None, ["model.name=hf"]).model)
+    profile = profile_model(blocks, choice.spec, META, micro_batch=2, precision="fp32", device=torch.device("cpu"))
+    assert [b.name for b in profile.blocks] == ["embed", "h0", "h1", "head"]
+    assert all(b.fwd_s > 0 and b.param_bytes > 0 for b in profile.blocks)
+    assert profile.blocks[-1].output_bytes == 2 * META["seq_len"] * META["vocab_size"] * 4   # fp32 logits
