@@ -1,0 +1,69 @@
+"""raydl.train / raydl.sweep take a path, a dict or a JobConfig, and raise raydl's errors (no exit,
+no traceback print) before Ray starts and before anything is written."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import raydl
+from raydl.config import JobConfig
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    assert not (tmp_path / "runs").exists()
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def _spec(**fields) -> raydl.ModelSpec:
+    return raydl.ModelSpec(name="api_net", build=lambda options, meta: nn.Linear(4, 2), loss=F.mse_loss,
+                           inputs_targets=lambda b: (b["x"], b["y"]), example_inputs=lambda meta, n: torch.randn(n, 4),
+                           **fields)
+
+
+@pytest.mark.parametrize("config, overrides, field", [
+    ({"train": {"lr": "fast"}}, (), "train.lr"),
+    ({"trian": {}}, (), "trian"),
+    (JobConfig(), ["train.foo=1"], "train.foo"),
+    (JobConfig(), {"train.max_steps": 0}, "train.max_steps"),
+    (None, ["model.options.layers=two"], "model.options.layers"),
+    ("missing.yaml", (), "--config"),
+    (42, (), "config"),
+    (None, "train.lr=1", "overrides"),
+])
+def test_train_raises_config_error_naming_the_field(config, overrides, field):
+    with pytest.raises(raydl.ConfigError) as e:
+        raydl.train(config, overrides=overrides)
+    assert f"'{field}'" in str(e.value)
+
+
+def test_yaml_path_is_read(in_tmp):
+    (in_tmp / "c.yaml").write_text("train:\n  precision: fp8\n")
+    with pytest.raises(raydl.ConfigError, match="'train.precision' is 'fp8'"):
+        raydl.train("c.yaml")
+
+
+def test_model_object_replaces_model_name_and_is_checked():
+    with pytest.raises(raydl.ConfigError, match="'model' is a str, not a raydl.ModelSpec"):
+        raydl.train(model="gpt")
+    # The spec object is what runs: model.name=nonsense is never resolved; its missing task is the error.
+    with pytest.raises(raydl.ConfigError, match="'data.path' is 'builtin', but model 'api_net' names no task"):
+        raydl.train(overrides=["model.name=nonsense"], model=_spec())
+    with pytest.raises(raydl.DataError, match="data.path '/nonexistent' does not exist"):
+        raydl.train({"data": {"path": "/nonexistent"}}, model=_spec())
+
+
+def test_sweep_raises_before_ray_starts():
+    with pytest.raises(raydl.ConfigError, match="'--resume' is given with a sweep config"):
+        raydl.sweep({"space": {}}, resume="somewhere")
+    with pytest.raises(raydl.ConfigError, match="'train.foo'"):
+        raydl.sweep(overrides=["train.foo=1"])
+    with pytest.raises(raydl.ConfigError, match="'model' is a int"):
+        raydl.sweep(model=3)
