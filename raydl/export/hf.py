@@ -24,7 +24,7 @@ from raydl.models.blocks import BlockModel
 
 class HfExport:
     def __init__(self, trained: Trained):
-        from raydl.models.hf import build_causal_lm, spec
+        from raydl.models.hf.model import build_causal_lm, spec
         from raydl.models.hf.blocks import as_blocks
 
         if trained.choice.spec is not spec:

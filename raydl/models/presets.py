@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raydl.errors import ConfigError
+from raydl.models.hf.options import HfOptions
 
 # name: (layers, width, heads)
 GPT_SIZES = {
@@ -92,4 +93,4 @@ class ResnetOptions:
 
 
 # What `raydl train --help` lists under model.options.
-BUILTIN_OPTIONS = {"gpt": GptOptions, "resnet": ResnetOptions}
+BUILTIN_OPTIONS = {"gpt": GptOptions, "resnet": ResnetOptions, "hf": HfOptions}

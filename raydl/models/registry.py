@@ -17,7 +17,7 @@ from typing import Any
 from raydl.errors import ConfigError, RaydlError
 from raydl.models.spec import ModelSpec
 
-BUILTIN = {"gpt": "raydl.models.gpt:spec", "resnet": "raydl.models.resnet:spec", "hf": "raydl.models.hf:spec"}
+BUILTIN = {"gpt": "raydl.models.gpt:spec", "resnet": "raydl.models.resnet:spec", "hf": "raydl.models.hf.model:spec"}
 FORM = "package.module:attribute"
 
 

@@ -11,7 +11,7 @@ import torch
 
 from raydl.errors import ConfigError
 from raydl.models.choice import choose_model
-from raydl.models.hf import build, build_causal_lm, flops_per_sample
+from raydl.models.hf.model import build, build_causal_lm, flops_per_sample
 from raydl.models.hf.options import FAMILIES, HfOptions
 from raydl.overrides import load_config
 
