@@ -66,12 +66,15 @@ class Attempt:
 def attempts(directory: Path) -> list[Attempt]:
     """Ledger files grouped into worker-group attempts, in start-time order.
 
-    Ranks of one attempt open their loaders within a second of each other (after a collective
-    checkpoint load); attempts are several seconds apart (a restart starts new processes)."""
+    Attempts follow each other. A file joins the attempt before it when it starts at the same
+    position with the same dp size, unless its dp rank is already there and it started more than
+    3 s later: pipeline ranks of one dp rank open their loaders together, a restart starts new
+    processes seconds later. A new dp rank joins however late it came (a loaded machine)."""
     grouped: list[Attempt] = []
     for log in read_ledger(directory):
         last = grouped[-1] if grouped else None
-        if (last is None or log.header["t"] - last.t > 3.0 or log.header["start"] != last.start
+        repeat = last is not None and log.header["dp_rank"] in last.ranks and log.header["t"] - last.t > 3.0
+        if (last is None or repeat or log.header["start"] != last.start
                 or log.header["dp_size"] != last.dp_size):
             last = Attempt(log.header["start"], log.header["t"], log.header["dp_size"])
             grouped.append(last)
@@ -136,13 +139,15 @@ def run_gloo(fn, world_size: int, *args) -> None:
                        start_method="spawn", join=True)
 
 
-def torchrun_worker(nproc: int, run_dir: Path, overrides: list[str], *,
-                    timeout_s: float) -> subprocess.CompletedProcess:
-    """raydl's per-worker loop (raydl.worker) under torchrun: `nproc` gloo ranks, no Ray.
+def torchrun_worker(nproc: int, run_dir: Path, overrides: list[str], *, timeout_s: float,
+                    resume: Path | None = None) -> subprocess.CompletedProcess:
+    """raydl's per-worker loop (raydl.worker) under torchrun: `nproc` gloo ranks, no Ray; `resume`: a run
+    directory or checkpoint to start from (a changed config needs a new run directory).
 
     The ranks inherit this process's env (OMP_NUM_THREADS as conftest.py set it), as Ray's workers do."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "raydl.worker", "--run-dir", str(run_dir), *(a for s in overrides for a in ("--set", s))]
+           "-m", "raydl.worker", "--run-dir", str(run_dir), *(a for s in overrides for a in ("--set", s)),
+           *(["--resume", str(resume)] if resume else [])]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 

@@ -24,13 +24,13 @@ pytestmark = pytest.mark.slow
 GB, STEPS = 64, 32          # 2048 train rows = one epoch of 32 steps
 
 
-def torchrun(nproc: int, run_dir: Path, data: Path, ledger: Path, *overrides: str,
-             fail_at: int | None = None) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, run_dir: Path, data: Path, ledger: Path, *overrides: str, fail_at: int | None = None,
+             resume: Path | None = None) -> subprocess.CompletedProcess:
     fail = [f"debug.fail_at_step={fail_at}"] if fail_at is not None else []
     sets = [f"data.path={data}", f"train.global_batch_size={GB}", "train.micro_batch_size=32", "train.eval_batches=1",
             "checkpoint.every_steps=5", "telemetry.report_every=5", "telemetry.progress=false",
             f"debug.ledger_dir={ledger}", *fail, *overrides]
-    return torchrun_worker(nproc, run_dir, sets, timeout_s=240)
+    return torchrun_worker(nproc, run_dir, sets, timeout_s=240, resume=resume)
 
 
 def committed(ledger: Path) -> list[int]:
@@ -62,7 +62,7 @@ def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
     ledger.mkdir()
     first = torchrun(2, tmp_path / "run", data, ledger, "train.max_steps=15")
     assert first.returncode == 0, first.stderr[-3000:]
-    second = torchrun(1, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}")
+    second = torchrun(1, tmp_path / "run-1", data, ledger, f"train.max_steps={STEPS}", resume=tmp_path / "run")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stdout and start_offsets(ledger) == [0, 15 * GB]
     dp_sizes = {attempt.dp_size for attempt in attempts(ledger)}
