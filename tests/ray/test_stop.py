@@ -7,21 +7,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from raydl.bench.fault_cluster import poll
 
 pytestmark = pytest.mark.slow
 
 
 def first_record_written(run_root: Path, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if any(p.stat().st_size for p in run_root.rglob("metrics.jsonl")):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no step record under {run_root} within {timeout_s} s (exit {proc.poll()})")
+    poll(f"a step record under {run_root}",
+         lambda: proc.poll() is not None or any(p.stat().st_size for p in run_root.rglob("metrics.jsonl")),
+         timeout_s)
+    assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its first record"
 
 
 def start(argv: list[str], cwd: Path) -> subprocess.Popen:
