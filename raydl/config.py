@@ -24,7 +24,7 @@ from raydl.parallel import schedules
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-DP_WRAPPERS = ("fsdp", "replicate", "ddp")
+DP_WRAPPERS = ("auto", "fsdp", "replicate", "ddp")
 
 
 def _f(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
@@ -83,8 +83,11 @@ class ParallelSection:
     schedule: str = _f("1f1b", f"Pipeline schedule: {', '.join(schedules.NAMES)}.", choices=schedules.NAMES)
     num_microbatches: int = _f(0, "Pipeline micro-batches per step and replica; 0 = derived from the batch sizes.")
     stage_cuts: list[int] = _f([], "Manual stage boundaries (block index where each later stage starts); overrides the planner.")
-    dp_wrapper: str = _f("fsdp", "Data-parallel wrapper: fsdp (FSDP2 fully_shard; composes with every pipeline schedule), "
-                         "replicate (FSDP2-based DDP), ddp (classic DistributedDataParallel; refused with pipeline parallelism).",
+    dp_wrapper: str = _f("auto", "Data-parallel wrapper: auto (at every worker-group start: ddp, or replicate with "
+                         "pipelines, when params + grads + optimizer states fit in half a device; else fsdp; the choice "
+                         "and why go into the layout line and summary.json), fsdp (FSDP2 fully_shard; composes with "
+                         "every pipeline schedule), replicate (FSDP2-based DDP), ddp (classic DistributedDataParallel; "
+                         "refused with pipeline parallelism).",
                          choices=DP_WRAPPERS)
 
 
@@ -136,7 +139,10 @@ class TelemetrySection:
     report_every: int = _f(10, "Report metrics to Ray (and metrics.jsonl) every N steps; Ray caps report rate at ~1 per poll.")
     progress: bool = _f(True, "Print a progress line on rank 0.")
     nvml: bool = _f(True, "Read GPU utilisation, memory, power and temperature through NVML when on GPU.")
-    tensorboard: bool = _f(True, "Also write TensorBoard events when tensorboard is installed.")
+    tensorboard: bool = _f(False, "Also write every metric of metrics.jsonl, restarts and layouts as TensorBoard "
+                           "events, to <run_dir>/tensorboard (a sweep: <sweep_dir>/tensorboard/<trial>); view with "
+                           "`tensorboard --logdir runs/`. Needs pip install \"raydl[tensorboard]\" (checked before "
+                           "Ray starts); off by default because that extra is optional and metrics.jsonl has it all.")
 
 
 @dataclass(kw_only=True)

@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from raydl.driver.tensorboard import EventsWriter
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, *, progress: bool = True):
+    def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None):
+        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -27,6 +29,7 @@ class MetricsWriter:
         self.layouts: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
         self.last_checkpoint: str | None = None
+        self.events = EventsWriter(events_dir) if events_dir else None
 
     def write(self, report: WorkerReport, *, world_size: int, checkpoint: str | None = None) -> None:
         records = report.records
@@ -42,6 +45,8 @@ class MetricsWriter:
             for r in records:
                 f.write(json.dumps(r.to_dict()) + "\n")
         self.records.extend(records)
+        if self.events:
+            self.events.write(records, restarts=self.restarts, layouts=self.layouts)
         if checkpoint:
             self.last_checkpoint = checkpoint
         if records and self.progress:
@@ -65,7 +70,8 @@ class MetricsWriter:
     def _note_layout(self, layout: dict[str, Any], records: list[StepRecord]) -> None:
         if not layout or not records:
             return
-        current = {k: layout[k] for k in ("world_size", "dp", "pp", "num_microbatches", "micro_batch", "schedule")}
+        current = {k: layout.get(k) for k in ("world_size", "dp", "pp", "num_microbatches", "micro_batch", "schedule",
+                                              "dp_wrapper", "dp_wrapper_reason")}
         if not self.layouts or {k: self.layouts[-1][k] for k in current} != current:
             self.layouts.append({**current, "from_step": records[0].step, "to_step": records[-1].step})
         self.layouts[-1]["to_step"] = records[-1].step

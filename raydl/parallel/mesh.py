@@ -18,6 +18,7 @@ from raydl.errors import LayoutError
 from raydl.parallel import constraints, search
 from raydl.parallel.cost_model import Candidate
 from raydl.parallel.profile import ModelProfile
+from raydl.parallel.wrapper_policy import choose_dp_wrapper
 
 __all__ = ["Layout", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
 
@@ -31,6 +32,8 @@ class Layout:
     num_microbatches: int     # per optimizer step and replica (gradient accumulation when pp == 1)
     schedule: str = "none"
     stage_cuts: tuple[int, ...] = ()
+    dp_wrapper: str = "none"  # the data-parallel wrapper this group trains with (parallel.dp_wrapper, or auto's choice)
+    dp_wrapper_reason: str = ""
 
     @staticmethod
     def needs_profile(cfg: JobConfig) -> bool:
@@ -39,10 +42,11 @@ class Layout:
 
     @classmethod
     def from_config(cls, cfg: JobConfig, world_size: int, profile: ModelProfile | None = None, *,
-                    num_blocks: int, memory_bytes: int = 0) -> Layout:
+                    num_blocks: int, memory_bytes: int = 0, param_bytes: int = 0) -> Layout:
         """The layout this world size trains with, validated (LayoutError with the numbers and the fix).
 
-        With pp_degree=auto, `profile` and `memory_bytes` (per worker) are what the planner chooses from.
+        With pp_degree=auto, `profile` and `memory_bytes` (per worker) are what the planner chooses from;
+        with dp_wrapper=auto, `param_bytes` (the model's) and `memory_bytes` choose the wrapper.
         """
         p = cfg.parallel
         if cls.needs_profile(cfg):
@@ -57,9 +61,12 @@ class Layout:
         micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
                                dp=dp, strict=not _elastic(cfg), num_microbatches=m)
         pipelined = pp > 1
+        wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
+                                         memory_bytes=memory_bytes)
         layout = cls(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
-                     schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
-        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=p.dp_wrapper)
+                     schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else (),
+                     dp_wrapper=wrapper, dp_wrapper_reason=why)
+        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper)
         return layout
 
     @property
@@ -151,7 +158,7 @@ def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str
         raise LayoutError(f"parallel.dp_wrapper=ddp does not work with pipeline parallelism (pp={layout.pp}, "
                           f"dp={layout.dp}): un-averaged gradients with the zero-bubble schedules "
                           f"(pytorch/pytorch#144530) and a reducer failure on the second step with the others. "
-                          f"Fix: use parallel.dp_wrapper=fsdp (default) or replicate.")
+                          f"Fix: use parallel.dp_wrapper=auto (default), fsdp or replicate.")
     if precision == "fp16":
         # GradScaler's overflow check is per rank; stages would disagree on skipping a step.
         raise LayoutError(f"train.precision=fp16 is not supported with parallel.pp_degree={layout.pp}: the gradient "

@@ -52,7 +52,7 @@ class DataParallelEngine:
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         model.to(self.device)
         self.model = apply_data_parallel(model, dp_mesh=mesh["dp"] if mesh is not None else None,
-                                         wrapper=cfg.parallel.dp_wrapper, pp_enabled=False)
+                                         wrapper=layout.dp_wrapper, pp_enabled=False)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -78,7 +78,7 @@ class PipelineEngine:
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         self.pp_group = mesh["pp"].get_group()
         self.pp_rank = layout.coords(session.rank)[1]
-        parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=cfg.parallel.dp_wrapper,
+        parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=layout.dp_wrapper,
                                         pp_enabled=True)
         self.schedule, self.stages, self.model = pipeline_model(
             model, layout=layout, pp_rank=self.pp_rank, pp_group=self.pp_group, device=self.device,
@@ -141,14 +141,13 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
 
 
 def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Layout:
-    """`Layout.from_config`, with a profile of the model measured here when the planner chooses pp."""
-    num_blocks = len(model.blocks)
-    if not Layout.needs_profile(cfg):
-        return Layout.from_config(cfg, session.world_size, num_blocks=num_blocks)
-    profile = shared_profile(model, spec, meta, cfg, session.device)
+    """`Layout.from_config` with what its policies choose from: the model's size and the device's memory for
+    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp."""
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
-    return Layout.from_config(cfg, session.world_size, profile, num_blocks=num_blocks,
-                              memory_bytes=device_memory_bytes(session.device, workers_on_host))
+    sizes = {"num_blocks": len(model.blocks), "memory_bytes": device_memory_bytes(session.device, workers_on_host),
+             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    profile = shared_profile(model, spec, meta, cfg, session.device) if Layout.needs_profile(cfg) else None
+    return Layout.from_config(cfg, session.world_size, profile, **sizes)
 
 
 def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Engine:
