@@ -16,14 +16,14 @@ from raydl.telemetry.records import WorkerReport
 
 
 class MetricsCallback(UserCallback):
-    def __init__(self, run_dir: str, progress: bool):
-        self.run_dir, self.progress = run_dir, progress
+    def __init__(self, run_dir: str, progress: bool, events_dir: str | None = None):
+        self.run_dir, self.progress, self.events_dir = run_dir, progress, events_dir
         self.writer: MetricsWriter | None = None
         self.pending_cause: str | None = None
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         if self.writer is None:
-            self.writer = MetricsWriter(self.run_dir, progress=self.progress)
+            self.writer = MetricsWriter(self.run_dir, progress=self.progress, events_dir=self.events_dir)
         report = WorkerReport.from_dict(metrics[0])
         if report.preempted:   # the checkpoint at a drain notice: the group's end, whatever errors follow
             self.pending_cause = f"preemption notice (checkpoint at step {report.step})"

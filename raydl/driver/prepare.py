@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from raydl.config import JobConfig, default_run_dir
+from raydl.driver.tensorboard import require_installed
 from raydl.errors import ConfigError
 from raydl.models.choice import choose_model
 from raydl.models.spec import ModelSpec
@@ -45,6 +46,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     config is the same run restarting (torchrun --max-restarts) and is reused as it is.
     `model`: a spec object (raydl.train(model=...)) that replaces model.name; it travels in the
     job, pickled by Ray."""
+    require_installed(cfg)
     chosen = choose_model(cfg.model, model)
     info = chosen.open_dataset(cfg)
     data_path = info.root

@@ -105,6 +105,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
 
     from raydl.driver.callbacks import MetricsCallback
     from raydl.driver.failure_policy import RaydlTrainer
+    from raydl.driver.tensorboard import events_dir
     from raydl.train.loop import train_worker
 
     s, cfg = run.cfg.scaling, run.cfg
@@ -126,7 +127,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # Also when connecting to a Ray that was started with another runtime env.
             worker_runtime_env={"env_vars": ray_env(cfg)},
-            callbacks=[MetricsCallback(str(run.run_dir), cfg.telemetry.progress), *callbacks],
+            callbacks=[MetricsCallback(str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job)), *callbacks],
             # Ray logs every report's full metrics at INFO; raydl prints its own progress line.
             logging_config=LoggingConfig(log_level="WARNING"),
         ),

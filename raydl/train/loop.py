@@ -25,6 +25,7 @@ from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
+from raydl.driver.tensorboard import events_dir
 from raydl.errors import TrainingDiverged
 from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
@@ -104,7 +105,8 @@ class Worker:
 def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep, cfg.telemetry.progress)
+    session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep, cfg.telemetry.progress,
+                                                            events_dir(cfg, job))
     search_from(job.get("import_dir", ""))     # where the driver imported model.name from
     chosen = choose_model(cfg.model, job.get("model"))
     spec = chosen.spec

@@ -12,6 +12,7 @@ infeasible, with its reason) instead of retrying. Layout of a sweep directory:
     sweep.yaml                      the sweep as parsed (what --resume reads back)
     tune/                           the Tune experiment (Tuner.restore reads it)
     trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint
+    tensorboard/<trial_id>/         TensorBoard events of all a trial's attempts (telemetry.tensorboard)
     results.csv results.json results.png best.yaml
 """
 
@@ -30,6 +31,7 @@ import yaml
 from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from raydl.driver import tensorboard
 from raydl.errors import ConfigError
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
@@ -83,6 +85,7 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     tree = apply_overrides(trial_tree(spec, params), {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"),
                                                       "scaling.max_failures": 0})
     run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
+    run.job[tensorboard.JOB_KEY] = str(Path(sweep_dir) / tensorboard.EVENTS_DIR / trial_dir.name)   # attempts append
     prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
     reporter = TrialReporter(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
     build_trainer(run, callbacks=[reporter]).fit()   # raises on any worker failure -> trial ERROR
@@ -202,6 +205,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     from raydl.driver.ray_trainer import connect, ray_env, use_gpu
 
     spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
+    tensorboard.require_installed(spec.base_config())
     prepare_data(spec, model)
     connect(address, ray_env(spec.base_config()))
     import ray
