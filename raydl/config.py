@@ -162,6 +162,26 @@ class DebugSection:
 
 
 @dataclass(kw_only=True)
+class CostSection:
+    """How device-hours are priced (raydl.telemetry.cost; the price table is cluster/prices.yaml)."""
+    instance_type: str = _f("", "Machine the workers run on, a machine of cluster/prices.yaml (g5.2xlarge, "
+                            "g2-standard-8, n1-standard-8+nvidia-tesla-t4): its price per hour is split over its GPUs, "
+                            "or its vCPUs on a CPU run. Empty: a GPU run is priced by the GPU the workers report (its "
+                            "cheapest listed machine per GPU), a CPU run per core-hour (cpu_core of the table).")
+    spot: bool = _f(False, "Price at the table's spot price instead of on-demand (spot prices move; the table's are "
+                    "typical levels, to be checked).")
+    prices: dict[str, float] = _f({}, "$ per hour replacing the table's: a machine (per instance-hour), a GPU by any of "
+                                  "its names (per GPU-hour; also one the table lacks, e.g. H100) or cpu_core (per "
+                                  "core-hour), e.g. --set cost.prices.g5.2xlarge=1.1 or --set cost.prices.H100=2.5.")
+
+    def __post_init__(self) -> None:
+        for name, usd in self.prices.items():
+            if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
+                raise ConfigError(f"cost.prices.{name}", f"is {usd!r}, not a price", "give $ per hour as a finite "
+                                  f"number >= 0, e.g. --set cost.prices.{name}=1.2")
+
+
+@dataclass(kw_only=True)
 class JobConfig:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -172,6 +192,7 @@ class JobConfig:
     scaling: ScalingSection = field(default_factory=ScalingSection)
     telemetry: TelemetrySection = field(default_factory=TelemetrySection)
     debug: DebugSection = field(default_factory=DebugSection)
+    cost: CostSection = field(default_factory=CostSection)
 
     def __post_init__(self) -> None:
         validate(self)

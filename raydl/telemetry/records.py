@@ -39,6 +39,9 @@ class StepRecord:
     gpu: dict[str, float] = field(default_factory=dict)   # NVML readings, on GPU only
     eval_loss: float | None = None
     eval_s: float | None = None               # eval time, to take out of the next step's step_s
+    # The run's running totals up to this step, added by the driver's writer (raydl.telemetry.cost).
+    device_hours: float | None = None         # GPU-hours, or CPU core-hours on a CPU run
+    cost_usd: float | None = None             # None: no price known for the device
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k != "gpu"}
@@ -75,6 +78,7 @@ class WorkerReport:
     preempted: bool = False            # carries the checkpoint taken at a preemption notice
     final: FinalInfo | None = None
     restart_cause: str | None = None   # filled in on the driver, which sees why the last group ended
+    device: str = "cpu"                # what the workers train on: cpu or the GPU's name (prices the device-hours)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

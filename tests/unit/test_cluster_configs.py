@@ -30,7 +30,8 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
 
 CLUSTER_DIR = Path(__file__).resolve().parents[2] / "cluster"
-LAUNCHER_FILES = sorted(CLUSTER_DIR.glob("*.yaml"))  # not recursive: kuberay/ is separate
+# Not recursive: kuberay/ is separate. prices.yaml is raydl's price table, not a cluster.
+LAUNCHER_FILES = sorted(p for p in CLUSTER_DIR.glob("*.yaml") if p.name != "prices.yaml")
 CLOUD_FILES = [p for p in LAUNCHER_FILES if p.name != "local-fake.yaml"]
 KUBERAY_FILES = sorted((CLUSTER_DIR / "kuberay").glob("*.yaml"))
 MARKET_LABEL = "ray.io/market-type"  # the key Ray itself uses (ray._raylet.RAY_NODE_MARKET_TYPE_KEY)
