@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raydl.jobs import JobsError
+from raydl.overrides import read_yaml
 
 # Entry points that plain `ray job submit` can run too; they call the same CLI functions.
 ENTRYPOINTS = {"train": "jobs/train.py", "sweep": "jobs/sweep.py"}
@@ -49,6 +50,27 @@ def check_working_dir(working_dir: Path, command: list[str]) -> None:
             raise JobsError(f"--config {value} is not a file inside --working-dir {working_dir}, so the job "
                             "would not find it. Fix: put the config in the working directory (e.g. jobs/configs/) "
                             "and give its path relative to it")
+
+
+def check_model_uploaded(working_dir: Path, command: list[str], package: Package) -> None:
+    """A model.name import path whose module is in the working dir: the job imports it from the upload."""
+    for name in _model_names(working_dir, command):
+        module, colon, _ = name.partition(":")
+        found = [p for p in (f"{module.replace('.', '/')}.py", module.replace(".", "/")) if (working_dir / p).exists()]
+        dropped = [out for p in found if colon for out in package.left_out if p == out or p.startswith(f"{out}/")]
+        if dropped:
+            raise JobsError(f"model.name {name} is defined in {found[0]}, which the upload leaves out ({dropped[0]}), "
+                            f"so the job could not import it. Fix: --include {dropped[0]}, or take it out of "
+                            ".gitignore/.rayignore/--exclude")
+
+
+def _model_names(working_dir: Path, command: list[str]) -> list[str]:
+    names = [v.partition("=")[2] for f, v in zip(command, command[1:]) if f == "--set" and v.startswith("model.name=")]
+    for flag, value in zip(command, command[1:]):
+        model = read_yaml(working_dir / value).get("model") if flag == "--config" else None
+        if isinstance(model, dict):
+            names.append(str(model.get("name", "")))
+    return names
 
 
 def _inside(working_dir: Path, path: str) -> bool:

@@ -69,6 +69,7 @@ def run(args) -> int:
     renv = job_package.runtime_env(working_dir, env=job_package.parse_env(args.env), excludes=args.exclude, pip=args.pip,
                             includes=args.include)
     package = job_package.check_package(working_dir, renv["excludes"])
+    job_package.check_model_uploaded(working_dir, command, package)
     say(job_package.left_out_summary(package))
     client = connect(args)
     t0 = time.monotonic()

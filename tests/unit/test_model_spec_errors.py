@@ -3,7 +3,9 @@ and the fix, no traceback, no run directory, and Ray never started."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,27 @@ def test_bad_model_exits_2_naming_the_field_before_ray_starts(models_dir, data_c
     assert field in err and says in err and "Fix:" in err, err
     assert not (models_dir / "runs").exists()
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+@pytest.mark.slow   # a process of its own
+def test_job_entry_point_imports_model_name_from_the_working_dir(data_cache):
+    """What `raydl submit` runs in the uploaded working dir: `python jobs/train.py` (sys.path[0] is jobs/)."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "jobs/train.py", "--set", "model.name=examples.mlp_classifier:spec",
+                           "--set", "model.options.hidden=wide", "--set", f"data.cache_dir={data_cache}"],
+                          cwd=repo, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "'model.options.hidden' must be of type int" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("given", [["--set", "model.name=mymodels.net:spec"], ["--config", "c.yaml"]])
+def test_submit_refuses_a_model_module_left_out_of_the_upload(tmp_path, capsys, given):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "train.py").write_text("")
+    (tmp_path / "mymodels").mkdir()
+    (tmp_path / "mymodels" / "net.py").write_text("")
+    (tmp_path / ".gitignore").write_text("mymodels/\n")
+    (tmp_path / "c.yaml").write_text("model:\n  name: mymodels.net:spec\n")
+    argv = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(tmp_path), "--no-wait", "--", "train"]
+    assert main(argv + given) == 2
+    err = capsys.readouterr().err
+    assert "model.name mymodels.net:spec is defined in mymodels/net.py, which the upload leaves out" in err, err

@@ -1,0 +1,118 @@
+"""A user's own model on a real local Ray: by import path from a file in the test's directory, through
+`raydl train` and through `raydl.train`, and the two examples/ as the README runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import raydl
+from raydl.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+OWN_MODEL = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+import raydl
+
+class Net(nn.Module):
+    def __init__(self, d_in, hidden, classes):
+        super().__init__()
+        self.inp = nn.Sequential(nn.Flatten(), nn.Linear(d_in, hidden), nn.ReLU())
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.out(self.inp(x))
+
+def build(options, meta):
+    c, h, w = meta["image_shape"]
+    return Net(c * h * w, options.get("hidden", 32), meta["num_classes"])
+
+def make_spec():
+    return raydl.ModelSpec(name="own_net", build=build, loss=F.cross_entropy, blocks=("inp", "out"), task="images",
+                           inputs_targets=lambda b: (b["image"].float() / 255.0, b["label"].long()),
+                           example_inputs=lambda meta, n: torch.rand(n, *meta["image_shape"]),
+                           columns=("image", "label"))
+"""
+
+
+@pytest.fixture
+def own_model_dir(tmp_path, monkeypatch):
+    """mymodels/net.py in a fresh directory that is the working directory, as a user would have it."""
+    (tmp_path / "mymodels").mkdir()
+    (tmp_path / "mymodels" / "net.py").write_text(OWN_MODEL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    sys.modules.pop("mymodels.net", None)
+    sys.modules.pop("mymodels", None)
+
+
+def _sets(tmp_path: Path, data_cache: Path, steps: int) -> list[str]:
+    return [f"data.cache_dir={data_cache}", f"run.runs_dir={tmp_path / 'runs'}", f"train.max_steps={steps}",
+            "data.builtin_samples=4096", "train.warmup_steps=5", "telemetry.report_every=10", f"checkpoint.every_steps={steps}",
+            "train.eval_batches=2", "telemetry.progress=false"]
+
+
+def _printed_summary(out: str) -> dict:
+    """The summary `raydl train` prints last, after its progress lines."""
+    return json.loads(out[out.rindex("\n{\n") + 1:])
+
+
+def _losses(run_dir: str | Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _fell(losses: list[float]) -> bool:
+    """The mean loss of the last 5 steps well below that of the first 5."""
+    return sum(losses[-5:]) < 0.85 * sum(losses[:5])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_import_path_model_trains_through_the_cli_in_a_pipeline(ray_session, own_model_dir, data_cache, capsys):
+    sets = _sets(own_model_dir, data_cache, 40) + ["model.name=mymodels.net:make_spec", "model.options.hidden=64",
+                                                   "parallel.pp_degree=2"]
+    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
+    summary = _printed_summary(capsys.readouterr().out)
+    assert summary["layouts"][0]["pp"] == 2 and summary["steps"] == 40
+    assert _fell(_losses(summary["run_dir"])), _losses(summary["run_dir"])
+    saved = json.loads((Path(summary["checkpoint"]) / "raydl_state.json").read_text())["model"]
+    assert saved["name"] == "own_net" and saved["blocks"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_import_path_model_trains_through_raydl_train(ray_session, own_model_dir, data_cache):
+    summary = raydl.train(overrides=_sets(own_model_dir, data_cache, 40) + ["model.name=mymodels.net:make_spec"])
+    assert summary["layouts"][0]["dp"] == 2 and summary["checkpoint"].endswith("step_00000040")
+    assert _fell(_losses(summary["run_dir"])), _losses(summary["run_dir"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)   # the README runs it from the checkout
+    sets = _sets(tmp_path, data_cache, 40) + ["model.name=examples.mlp_classifier:spec", "model.options.hidden=64"]
+    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
+    summary = _printed_summary(capsys.readouterr().out)
+    assert _fell(_losses(summary["run_dir"])) and summary["eval"]["accuracy"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_examples_train_from_python_script(data_cache, tmp_path):
+    """Its own process and its own Ray: the inline spec travels to the workers pickled by value."""
+    sets = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2", "train.warmup_steps=5"]
+    done = subprocess.run([sys.executable, "examples/train_from_python.py", "--steps", "40", "--runs-dir",
+                           str(tmp_path / "runs"), *(a for s in sets for a in ("--set", s))],
+                          cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert _fell(_losses(result["run_dir"]))
