@@ -2,7 +2,7 @@
 
 The writer runs where the run directory is: in the Ray Train controller (a UserCallback,
 pinned to the driver's node) or in the rank-0 torchrun process. It also keeps the run's
-record: world sizes, layouts and restarts.
+record: world sizes, layouts, restarts and device-hours with their cost (raydl.telemetry.cost).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from raydl.driver.tensorboard import EventsWriter
+from raydl.telemetry.cost import CostMeter, Pricing, last_line
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
 
@@ -30,6 +31,9 @@ class MetricsWriter:
         self.restarts: list[dict[str, Any]] = []
         self.last_checkpoint: str | None = None
         self.events = EventsWriter(events_dir) if events_dir else None
+        self.cost = CostMeter(Pricing.for_run_dir(self.run_dir))
+        if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
+            self.cost.resume(line)
 
     def write(self, report: WorkerReport, *, world_size: int, checkpoint: str | None = None) -> None:
         records = report.records
@@ -41,6 +45,7 @@ class MetricsWriter:
         if world_size not in self.world_sizes:
             self.world_sizes.append(world_size)
         self._note_layout(report.layout, records)
+        self.cost.charge(records, device=report.device, group_start=report.group_start)
         with self.path.open("a") as f:
             for r in records:
                 f.write(json.dumps(r.to_dict()) + "\n")
@@ -82,7 +87,7 @@ class MetricsWriter:
             eta = f" eta {max(0, total - r.step) * statistics.median(x.step_s for x in self.records[-20:]):.0f}s"
         print(f"[raydl] step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
               f"{r.samples_per_s:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
-              f"ws {r.world_size}{eta}", file=sys.stderr, flush=True)
+              f"ws {r.world_size} {self.cost.progress()}{eta}", file=sys.stderr, flush=True)
 
     def summary(self, final: FinalInfo) -> dict[str, Any]:
         recs = self.records
@@ -106,6 +111,7 @@ class MetricsWriter:
             "wall_s": final.wall_s,
             "stopped_by_signal": final.stopped_by_signal,
             "checkpoint": self.last_checkpoint,
+            **self.cost.summary(),
         }
 
     def write_summary(self, final: FinalInfo) -> dict[str, Any]:

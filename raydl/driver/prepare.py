@@ -24,6 +24,7 @@ from raydl.models.choice import choose_model
 from raydl.models.spec import ModelSpec
 from raydl.overrides import dump_yaml
 from raydl.parallel.mesh import Layout
+from raydl.telemetry.cost import Pricing
 from raydl.train import checkpoint as ckpt
 
 
@@ -47,6 +48,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     `model`: a spec object (raydl.train(model=...)) that replaces model.name; it travels in the
     job, pickled by Ray."""
     require_installed(cfg)
+    Pricing.for_config(cfg)     # a cost.instance_type missing from the price table fails here, not mid-run
     chosen = choose_model(cfg.model, model)
     info = chosen.open_dataset(cfg)
     data_path = info.root

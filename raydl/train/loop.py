@@ -212,7 +212,9 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
         w.last_finite_loss = (r.step, loss)
     message = WorkerReport(records=records if w.session.rank == 0 else [], layout=w.engine.layout.to_dict(),
                            total_steps=w.total_steps, step=state.step,
-                           group_start=records[0].step == w.clock.first_step, preempted=preempted)
+                           group_start=records[0].step == w.clock.first_step, preempted=preempted,
+                           device=torch.cuda.get_device_name(w.session.device) if w.session.device.type == "cuda"
+                           else "cpu")   # the driver prices device-hours by it
     if checkpoint_due:
         w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
     else:
