@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -27,6 +28,8 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         # After a node loss Ray first retries the stale, larger size until this times out (measured: raydl bench recovery).
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(cfg.scaling.worker_start_timeout_s),
     }
+    # Train patches print() on workers to tee into its logger too: every raydl line would show twice.
+    env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
     if "ONEDNN_MAX_CPU_ISA" in os.environ:   # only when the user capped it: raydl never caps it by itself
         env["ONEDNN_MAX_CPU_ISA"] = os.environ["ONEDNN_MAX_CPU_ISA"]
     return env
@@ -45,7 +48,10 @@ def connect(address: str | None, env: dict[str, str]) -> None:
         # address="local": a private Ray of this process. Plain ray.init() would join any cluster that
         # `ray start` left on this machine. Loopback node address; Ray 2.60's GCS and raylet still listen on
         # all interfaces (hard-coded), protected by Ray's token authentication, which is on by default.
-        ray.init(address="local", _node_ip_address="127.0.0.1", runtime_env=runtime_env, include_dashboard=False)
+        # Nothing preempts a private local Ray, and Train's PreemptionWatcher actor only logs an error there.
+        os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+        ray.init(address="local", _node_ip_address="127.0.0.1", runtime_env=runtime_env, include_dashboard=False,
+                 logging_level=logging.WARNING)
 
 
 def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
@@ -113,7 +119,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     elastic = s.min_workers < s.max_workers
     storage = cfg.checkpoint.storage_path or str(run.run_dir)
     gpu = "GPU" in resources
-    return RaydlTrainer(
+    trainer = RaydlTrainer(
         train_worker,
         train_loop_config=run.job,
         scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if elastic else s.max_workers,
@@ -132,6 +138,16 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
+    trainer.state_api = has_state_api()
+    return trainer
+
+
+def has_state_api() -> bool:
+    """Ray's State API is served by the dashboard, which raydl's private local Ray does not start."""
+    import ray
+
+    return bool(ray.get_runtime_context().gcs_address and ray._private.worker.global_worker.node.address_info.get(
+        "webui_url"))
 
 
 def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,
