@@ -28,6 +28,7 @@ SECTIONS = {
     "step_s": "time", "data_wait_s": "time", "data_wait_frac": "time", "eval_s": "time",
     "peak_memory_mb": "memory", "gpu_mem_used_mb": "memory",
     "gpu_util_pct": "gpu", "gpu_power_w": "gpu", "gpu_temp_c": "gpu",
+    "device_hours": "cost", "cost_usd": "cost",
     "world_size": "run", "epoch": "run", "samples": "run", "bad_shards": "run",
 }
 

@@ -103,7 +103,7 @@ def test_events_hold_every_metric_with_restarts_and_layouts_as_text(tmp_path):
     tags = assert_events_match_metrics(run, run / "tensorboard")
     assert {"loss/loss", "loss/eval_loss", "optimizer/lr", "optimizer/grad_norm", "throughput/samples_per_s",
             "time/data_wait_frac", "memory/peak_memory_mb", "memory/gpu_mem_used_mb", "gpu/gpu_util_pct",
-            "gpu/gpu_power_w", "run/world_size"} <= tags
+            "gpu/gpu_power_w", "run/world_size", "cost/device_hours", "cost/cost_usd"} <= tags
     events = read_events(run / "tensorboard")
     # Steps 11 and 12 were redone at 1 worker: the reader keeps those values, not the first group's.
     assert {e.step: e.value for e in events.Scalars("run/world_size")}[12] == 1
@@ -116,8 +116,10 @@ def test_events_hold_every_metric_with_restarts_and_layouts_as_text(tmp_path):
 
 
 def test_tags_group_known_keys_and_keep_unknown_numbers():
-    line = {"step": 3, "time": 1.7e9, "loss": 2.5, "gpu_power_w": 300.0, "cost_usd": 0.02, "flag": True, "note": "x"}
-    assert tensorboard.scalars(line) == {"loss/loss": 2.5, "gpu/gpu_power_w": 300.0, "other/cost_usd": 0.02}
+    line = {"step": 3, "time": 1.7e9, "loss": 2.5, "gpu_power_w": 300.0, "cost_usd": 0.02, "flag": True, "note": "x",
+            "my_metric": 7}
+    assert tensorboard.scalars(line) == {"loss/loss": 2.5, "gpu/gpu_power_w": 300.0, "cost/cost_usd": 0.02,
+                                         "other/my_metric": 7}
 
 
 def test_events_dir_is_the_run_dir_or_what_a_sweep_chose_and_none_when_off(tmp_path):

@@ -1,0 +1,148 @@
+"""`raydl report` on run and sweep directories written by raydl's MetricsWriter: the PNG read back, the table's
+numbers against summary.json, and bad input refused with exit 2 naming the path."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from raydl.cli import main
+from raydl.report import source as report_source
+from tests.unit.test_tensorboard import write_run
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The printed table's cells (columns are two or more spaces apart), header first."""
+    lines = [line for line in out.splitlines() if line and not line.startswith("[raydl]")]
+    return [re.split(r"\s{2,}", line.strip()) for i, line in enumerate(lines) if i != 1]   # line 1: the dashes
+
+
+def assert_png(path: Path) -> None:
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (1500, 1200)
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_run_report_prints_summary_json_as_a_table_and_draws_the_png(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(run, [(2, 1, 60), (1, 53, 100), (2, 91, 150)])   # shrink, then grow again, each redoing steps
+
+    assert main(["report", str(run)]) == 0
+    header, *rows = table_rows(capsys.readouterr().out)
+    table, s = dict(rows), summary(run)
+    assert header == ["field", "value"]
+    assert int(table["steps"]) == s["steps"] == 150 and int(table["samples"]) == s["samples"]
+    for field, key, scale in (("final loss", "final_loss", 1), ("samples/s", "samples_per_s", 1),
+                              ("data wait %", "data_wait_frac", 100), ("peak memory MB", "peak_memory_mb", 1),
+                              ("device-hours", "device_hours", 1), ("cost $", "cost_usd", 1)):
+        assert float(table[field]) == pytest.approx(s[key] * scale, rel=2e-3, abs=0.5 if s[key] > 1000 else 0), field
+    assert float(table["eval loss"]) == s["eval"]["loss"]
+    assert table["workers"] == "2, 1" and int(table["restarts"]) == len(s["restarts"]) == 2
+    assert "MFU %" not in table   # no value on CPU: the column is left out
+    assert_png(run / "report.png")
+    markers = report_source.load(run).runs[0].markers
+    assert [(m.step, m.kind) for m in markers] == [(53, "resize"), (91, "resize")]
+
+
+def test_sweep_report_has_a_line_per_trial_with_its_last_attempts_summary(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    (sweep / "trials" / "failed").mkdir(parents=True)   # a trial that failed before its first step
+    (sweep / "sweep.yaml").write_text("name: sweep\n")
+    write_run(sweep / "trials" / "a" / "attempt-1", [(1, 1, 40)], final=False)   # interrupted, then resumed
+    write_run(sweep / "trials" / "a" / "attempt-2", [(1, 31, 80)])
+    write_run(sweep / "trials" / "b" / "attempt-1", [(2, 1, 50), (2, 41, 80)])
+    (sweep / "results.json").write_text(json.dumps({"trials": [{"trial": "b", "params": {"train.lr": 0.01}}]}))
+
+    assert main(["report", str(sweep), "--out", str(tmp_path / "sweep.png")]) == 0
+    header, *rows = table_rows(capsys.readouterr().out)
+    lines = {row[0]: dict(zip(header, row)) for row in rows}
+    assert list(lines) == ["a", "b: lr=0.01", "failed"]
+    for trial, run_dir in (("a", sweep / "trials" / "a" / "attempt-2"), ("b: lr=0.01", sweep / "trials" / "b" / "attempt-1")):
+        s = summary(run_dir)
+        assert int(lines[trial]["steps"]) == s["steps"] == 80
+        assert float(lines[trial]["final loss"]) == pytest.approx(s["final_loss"], rel=1e-3)
+        assert float(lines[trial]["samples/s"]) == pytest.approx(s["samples_per_s"], rel=1e-3)
+        assert int(lines[trial]["restarts"]) == len(s["restarts"])
+    assert lines["a"]["note"] == "summary of attempt-2, resumed" and lines["failed"]["note"] == "no steps"
+    assert_png(tmp_path / "sweep.png")
+    trial_a = report_source.load(sweep).runs[0]
+    assert [r["step"] for r in trial_a.records] == list(range(1, 81))   # steps 31-40 once, from attempt 2
+    assert [(m.step, m.text) for m in trial_a.markers] == [(31, "resumed (attempt-2)")]
+
+
+def test_an_unfinished_run_is_reported_from_its_records(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(run, [(2, 1, 30)], final=False)
+
+    assert main(["report", str(run)]) == 0
+    table = dict(table_rows(capsys.readouterr().out)[1:])
+    assert table["steps"] == "30" and table["note"] == "unfinished: no summary.json"
+    assert float(table["final loss"]) == pytest.approx(6.0 / 30 ** 0.5, rel=1e-3)
+    assert_png(run / "report.png")
+
+
+def _not_a_dir(tmp_path: Path) -> Path:
+    (tmp_path / "file.txt").write_text("x")
+    return tmp_path / "file.txt"
+
+
+def _no_metrics(tmp_path: Path) -> Path:
+    (tmp_path / "config.yaml").write_text("train: {}\n")
+    return tmp_path
+
+
+def _metrics(text: str):
+    def make(tmp_path: Path) -> Path:
+        (tmp_path / "metrics.jsonl").write_text(text)
+        return tmp_path / "metrics.jsonl"
+    return make
+
+
+def _empty_sweep(tmp_path: Path) -> Path:
+    (tmp_path / "sweep.yaml").write_text("name: s\n")
+    (tmp_path / "trials" / "t1").mkdir(parents=True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: p / "missing", "is not a directory"),
+    (_not_a_dir, "is not a directory"),
+    (lambda p: p, "neither a run nor a sweep directory"),
+    (_no_metrics, "has no metrics.jsonl"),
+    (_metrics(""), "is empty"),
+    (_metrics('{"step": 1, "loss": 2.0}\n{"step": 2, "lo'), "line 2 is not JSON"),
+    (_metrics('{"step": "1", "loss": 2.0}\n'), "line 1 is not a step record"),
+    (_empty_sweep, "has no trial with a metrics.jsonl"),
+])
+def test_bad_input_exits_2_naming_the_path_and_writes_nothing(tmp_path, capsys, make, problem):
+    named = make(tmp_path)
+    source = named.parent if named.name == "metrics.jsonl" else named
+
+    assert main(["report", str(source)]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and str(named) in err and "Fix:" in err
+    assert not list(tmp_path.rglob("*.png"))
+
+
+def test_without_matplotlib_the_table_is_printed_and_the_fix_named(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    write_run(run, [(1, 1, 10)])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # as when the plot extra is not installed
+
+    assert main(["report", str(run)]) == 2
+    out, err = capsys.readouterr()
+    assert "final loss" in out and 'pip install "raydl[plot]"' in err and not (run / "report.png").exists()
+
+
+def test_sweep_layout_names_are_the_sweeps_own():
+    from raydl.tune import sweep
+
+    assert (report_source.SWEEP_FILE, report_source.TRIALS_DIR) == (sweep.SWEEP_FILE, sweep.TRIALS_DIR)
