@@ -1,11 +1,13 @@
 """raydl bench overhead: raydl (Ray Train, 1 worker) vs a plain single-process PyTorch loop.
 
-Same model (tiny GPT), same built-in data, same optimizer and step count. Prints the
-steady-state samples/s of each (median over the steps after the first fifth), the ratio
+Same model (--model: raydl's tiny GPT, or a tiny Hugging Face Llama that the plain loop calls as
+transformers' own model and raydl trains as its blocks), same built-in data, same optimizer and
+step count. Prints the steady-state samples/s of each (median over the steps after the first fifth), the ratio
 raydl / plain of the medians over --repeats alternating runs (goal >= 0.97) and raydl's
 time from `run_training` to its first finished step.
 
     raydl bench overhead --steps 300 --repeats 5
+    raydl bench overhead --model hf-llama-tiny --repeats 5
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from raydl.overrides import load_config
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 
 GOAL = 0.97
+# --model: its overrides. hf-llama-tiny has gpt-tiny's shape (4 layers, width 128, 4 heads).
+MODELS = {"gpt-tiny": ["model.name=gpt", "model.size=tiny"],
+          "hf-llama-tiny": ["model.name=hf", "model.options.family=llama", "model.options.layers=4",
+                            "model.options.hidden_size=128", "model.options.heads=4"]}
 
 
 def steady(values: list[float]) -> float:
@@ -41,14 +47,14 @@ def plain_loop(cfg) -> dict[str, float]:
     inputs = torch.tensor(table.column("input_ids").to_pylist())
     labels = torch.tensor(table.column("labels").to_pylist())
     torch.manual_seed(cfg.train.seed)
-    model = chosen.build(info.meta)
+    model, forward = plain_model(chosen, info.meta)
     optimizer = build_optimizer(model.parameters(), cfg.train)
     gb, rates = cfg.train.global_batch_size, []
     for step in range(cfg.train.max_steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
         i = (step * gb) % (len(inputs) - gb)
-        loss = chosen.spec.loss(model(inputs[i:i + gb].long()), labels[i:i + gb].long())
+        loss = chosen.spec.loss(forward(inputs[i:i + gb].long()), labels[i:i + gb].long())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         optimizer.step()
@@ -56,6 +62,18 @@ def plain_loop(cfg) -> dict[str, float]:
         float(loss)   # the same sync point raydl's step has
         rates.append(gb / (time.perf_counter() - t0))
     return {"samples_per_s": steady(rates)}
+
+
+def plain_model(chosen, meta: dict[str, Any]):
+    """(model, its forward as its user would call it): raydl's gpt itself, or transformers' model, not raydl's
+    blocks of it."""
+    if chosen.spec.name == "hf":
+        from raydl.models.hf.model import build_causal_lm
+
+        model = build_causal_lm(chosen.options, meta)
+        return model, lambda ids: model(ids, use_cache=False).logits
+    model = chosen.build(meta)
+    return model, model
 
 
 def raydl_run(cfg) -> dict[str, float]:
@@ -70,10 +88,12 @@ def raydl_run(cfg) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser("overhead", __doc__)
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--model", choices=tuple(MODELS), default="gpt-tiny", help="The model both sides train.")
     args = harness.parse_args(p, argv)
     session = harness.Session("overhead", args)
     runs_dir = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
-    sets = [f"train.max_steps={args.steps}", "train.global_batch_size=64", "train.micro_batch_size=64",
+    sets = MODELS[args.model] + [
+            f"train.max_steps={args.steps}", "train.global_batch_size=64", "train.micro_batch_size=64",
             "scaling.min_workers=1", "scaling.max_workers=1", "telemetry.progress=false",
             f"checkpoint.every_steps={args.steps}", "telemetry.report_every=50"]
 

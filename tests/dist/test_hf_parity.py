@@ -1,6 +1,7 @@
 """Hugging Face causal LMs (tiny Llama and tiny GPT-2, random init) under raydl's parallelisms, in real gloo
-groups: pp=2 gradients equal one process's for gpipe, 1f1b and zbv; dp=2 equals dp=1; a checkpoint saved at pp=2
-resumes at dp=2 with the losses of the run that stayed at pp=2, and exports to transformers with raydl's logits.
+groups: pp=2 gradients equal one process's for gpipe, 1f1b and zbv (and dp=2 x pp=2's for the Llama); dp=2
+equals dp=1; a checkpoint saved at pp=2 resumes at dp=2 with the losses of the run that stayed at pp=2, and
+exports to transformers with raydl's logits.
 
 The parity checks are raydl's own (tests/dist/test_pipeline_parity.py, tests/dist/test_dp_parity.py) run on
 these models."""
@@ -118,3 +119,9 @@ def assert_export_matches(checkpoint: Path, cfg, out: Path) -> None:
     ids = torch.randint(0, meta["vocab_size"], (4, meta["seq_len"]), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, ours.eval()(ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dp2_pp2_gradients_equal_one_process(tmp_path):
+    assert_every_schedule_matches(4, dict.fromkeys(("1f1b", "zbv"), "fsdp"), tmp_path, LLAMA)
