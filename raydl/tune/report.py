@@ -23,7 +23,7 @@ import yaml
 # Steps averaged for the train loss that is compared with target_loss: one step's loss is noisy.
 LOSS_WINDOW = 10
 COLUMNS = ("trial", "batch", "precision", "lr", "samples_per_s", "peak_memory_mb", "eval_loss",
-           "time_to_target_s", "train_s", "steps", "status", "reason")
+           "time_to_target_s", "train_s", "cost_usd", "cost_to_target_usd", "steps", "status", "reason")
 
 
 def stitch(runs: list[list[dict[str, Any]]], upto_step: int | None = None) -> list[dict[str, Any]]:
@@ -52,22 +52,49 @@ def train_seconds(records: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def time_to_target(records: list[dict[str, Any]], final_eval: float | None, *, target: float | None,
-                   metric: str) -> float | None:
-    """Training seconds until the loss first reaches `target` (train: mean of the last LOSS_WINDOW steps)."""
+def reached_at(records: list[dict[str, Any]], final_eval: float | None, *, target: float | None,
+               metric: str) -> int | None:
+    """Index of the step where the loss first reaches `target` (train: mean of the last LOSS_WINDOW steps;
+    eval: a periodic eval, else the final one, counted at the last step)."""
     if target is None or not records:
         return None
-    times = train_seconds(records)
-    for i, (r, t) in enumerate(zip(records, times)):
+    for i, r in enumerate(records):
         if metric == "train_loss":
             window = [x["loss"] for x in records[max(0, i + 1 - LOSS_WINDOW):i + 1]]
             if len(window) == min(LOSS_WINDOW, len(records)) and sum(window) / len(window) <= target:
-                return t
+                return i
         elif r.get("eval_loss") is not None and r["eval_loss"] <= target:
-            return t
+            return i
     if metric == "eval_loss" and final_eval is not None and final_eval <= target:
-        return times[-1]
+        return len(records) - 1
     return None
+
+
+def time_to_target(records: list[dict[str, Any]], final_eval: float | None, *, target: float | None,
+                   metric: str) -> float | None:
+    """Training seconds until the loss first reaches `target`."""
+    i = reached_at(records, final_eval, target=target, metric=metric)
+    return None if i is None else train_seconds(records)[i]
+
+
+def trial_cost(attempts: list[list[dict[str, Any]]], final_eval: float | None, *, target: float | None,
+               metric: str) -> dict[str, float | None]:
+    """$ a trial spent over all its attempts, and $ until its loss reached `target` (None: unknown or not reached).
+
+    Every metrics.jsonl line carries its run's running cost (raydl.telemetry.cost), and each attempt is a run.
+    The target is found on the stitched history, as time_to_target finds it; the $ to reach it is every earlier
+    attempt's whole cost (the steps they lost were paid for) plus the running cost at that step in the attempt
+    whose line the history kept."""
+    spent = [records[-1].get("cost_usd") if records else 0.0 for records in attempts]
+    total = None if None in spent else sum(spent)
+    history = stitch(attempts)
+    i = reached_at(history, final_eval, target=target, metric=metric)
+    if i is None or total is None:
+        return {"cost_usd": total, "cost_to_target_usd": None}
+    step = history[i]["step"]
+    kept = max(k for k, records in enumerate(attempts) if any(r["step"] == step for r in records))
+    at_step = [r for r in attempts[kept] if r["step"] == step][-1]["cost_usd"]
+    return {"cost_usd": total, "cost_to_target_usd": sum(spent[:kept]) + at_step}
 
 
 def trial_metrics(records: list[dict[str, Any]], final: dict[str, Any] | None, *, target: float | None,
@@ -136,14 +163,14 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 def format_table(rows: list[dict[str, Any]], extra_keys: list[str], best: dict[str, Any] | None) -> str:
     head = ["trial", "batch", "precision", *[k.split(".")[-1] for k in extra_keys], "samples/s", "peak MB",
-            "eval loss", "time to target s", "status"]
+            "eval loss", "time to target s", "cost $", "$ to target", "status"]
     body = []
     for r in rows:
         mark = "*" if best is not None and r["trial"] == best["trial"] else " "
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['reason'].split('. Fix:')[0]}"[:90]
         body.append([mark + r["trial"], _fmt(r["batch"]), r["precision"], *[_fmt(r["params"].get(k)) for k in extra_keys],
                      _fmt(r["samples_per_s"], 4), _fmt(r["peak_memory_mb"], 4), _fmt(r["eval_loss"]),
-                     _fmt(r["time_to_target_s"]), status])
+                     _fmt(r["time_to_target_s"]), _fmt(r.get("cost_usd")), _fmt(r.get("cost_to_target_usd")), status])
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])

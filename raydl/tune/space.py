@@ -7,7 +7,7 @@
       train.precision: choice([fp32, bf16])         # random pick per sample
       train.lr: loguniform(1e-4, 3e-3)              # uniform(a, b), loguniform(a, b), randint(a, b) (b excluded)
     lr_scaling: sqrt                                # none | linear | sqrt with global batch vs the base's
-    objective: time_to_target                       # eval_loss | samples_per_s | time_to_target
+    objective: time_to_target                       # eval_loss | samples_per_s | time_to_target | cost_to_target
     target_loss: 1.6
 
 Everything here is pure and checked before Ray starts: a bad key, a wrong-typed value, an
@@ -33,7 +33,8 @@ from raydl.overrides import apply_overrides, build_config, coerce, read_yaml
 
 # objective -> (metric key in the trial results, Tune mode)
 OBJECTIVES = {"eval_loss": ("eval_loss", "min"), "samples_per_s": ("samples_per_s", "max"),
-              "time_to_target": ("time_to_target_s", "min")}
+              "time_to_target": ("time_to_target_s", "min"), "cost_to_target": ("cost_to_target_usd", "min")}
+TARGET_OBJECTIVES = ("time_to_target", "cost_to_target")   # the objectives that need target_loss
 LR_SCALINGS = ("none", "linear", "sqrt")
 TARGET_METRICS = ("train_loss", "eval_loss")
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint")
@@ -260,12 +261,12 @@ def check_sweep(spec: SweepSpec) -> None:
 
 
 def _check_target(spec: SweepSpec) -> None:
-    if spec.objective == "time_to_target" and spec.target_loss is None:
-        raise ConfigError("target_loss", "is missing; the time_to_target objective needs it",
+    if spec.objective in TARGET_OBJECTIVES and spec.target_loss is None:
+        raise ConfigError("target_loss", f"is missing; the {spec.objective} objective needs it",
                           "set target_loss: <loss to reach>, or pick objective: eval_loss or samples_per_s")
-    if spec.objective != "time_to_target" and spec.target_loss is not None:
+    if spec.objective not in TARGET_OBJECTIVES and spec.target_loss is not None:
         raise ConfigError("target_loss", f"is set but the objective is {spec.objective}, which ignores it",
-                          "remove target_loss, or set objective: time_to_target")
+                          "remove target_loss, or set objective: time_to_target or cost_to_target")
     if spec.target_loss is not None and not math.isfinite(spec.target_loss):
         raise ConfigError("target_loss", f"is {spec.target_loss}, which no loss ever reaches",
                           "set a finite loss, e.g. target_loss: 1.8")

@@ -282,10 +282,13 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str]) -> 
     else:
         status, reason = "unfinished", "sweep interrupted; continue with --resume"
     attempts = _attempts(sweep_dir / TRIALS_DIR / trial_id)
+    cost = report.trial_cost([report.read_records(a) for a in attempts],
+                             metrics.get("eval_loss") if metrics.get("final") else None,
+                             target=spec.target_loss, metric=spec.target_metric)
     return {"trial": trial_id, "params": params, "batch": cfg.train.global_batch_size,
             "precision": cfg.train.precision, "lr": cfg.train.lr, "status": status, "reason": reason,
             **{k: metrics.get(k) for k in ("samples", "samples_per_s", "peak_memory_mb", "eval_loss",
-                                           "eval_accuracy", "time_to_target_s", "train_s")},
+                                           "eval_accuracy", "time_to_target_s", "train_s")}, **cost,
             "steps": metrics.get("step"), "run_dir": str(attempts[-1]) if attempts else None,
             "attempts": len(attempts)}
 
