@@ -24,8 +24,8 @@ from raydl.models.blocks import BlockModel
 
 class HfExport:
     def __init__(self, trained: Trained):
-        from raydl.models.hf.model import build_causal_lm, spec
         from raydl.models.hf.blocks import as_blocks
+        from raydl.models.hf.model import build_causal_lm, spec
 
         if trained.choice.spec is not spec:
             raise ConfigError("--format", f"is hf, but checkpoint '{trained.checkpoint}' holds model "

@@ -96,12 +96,12 @@ def test_pp2_checkpoint_resumes_at_dp2_with_equal_loss_and_exports(tmp_path, tin
     moved = [prepare_run(load_config(None, base + list(m)), run_dir=tmp_path / f"{f}-dp2", resume=str(halfway[f]),
                          launcher="torchrun").job for f, m in MODELS.items()]
     run_gloo(_run_jobs, 2, moved)
-    for family in MODELS:
+    for family, model in MODELS.items():
         before, after = _losses(tmp_path / f"{family}-pp2"), _losses(tmp_path / f"{family}-dp2")
         assert sorted(after) == list(range(K + 1, 2 * K + 1)), after
         for step, loss in after.items():
             assert abs(loss - before[step]) < 1e-5, (family, step, loss, before[step])
-        assert_export_matches(halfway[family], load_config(None, base + list(MODELS[family])), tmp_path / f"{family}-hf")
+        assert_export_matches(halfway[family], load_config(None, base + list(model)), tmp_path / f"{family}-hf")
 
 
 def assert_export_matches(checkpoint: Path, cfg, out: Path) -> None:

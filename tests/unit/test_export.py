@@ -122,7 +122,8 @@ def test_pt2_export_loads_in_a_python_without_raydl(tmp_path, data_sets):
     script = (f"import sys, torch; p = torch.export.load({str(tmp_path / 'pt2' / 'model.pt2')!r}).module(); "
               f"print(tuple(p(torch.zeros(2, {meta['seq_len']}, dtype=torch.long)).shape)); "
               f"assert not any(m.startswith('raydl') for m in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str((2, meta["seq_len"], meta["vocab_size"]))
 

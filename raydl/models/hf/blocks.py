@@ -93,7 +93,8 @@ def as_blocks(model: nn.Module) -> BlockModel:
         embed: nn.Module = LearnedPositionEmbedding(body.wte, body.wpe, body.drop)
         layers, norm, rotary_type = body.h, body.ln_f, None
     else:
-        embed, layers, norm, rotary_type = TokenEmbedding(body.embed_tokens), body.layers, body.norm, type(body.rotary_emb)
+        embed, layers, norm = TokenEmbedding(body.embed_tokens), body.layers, body.norm
+        rotary_type = type(body.rotary_emb)
     blocks: dict[str, nn.Module] = {"embed": embed}
     for i, layer in enumerate(layers):
         # Its own rotary module (a few hundred bytes of non-persistent buffer): a stage may hold any layers.

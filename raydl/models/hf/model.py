@@ -10,11 +10,11 @@ from torch import nn
 
 from raydl.models import gpt
 from raydl.models.blocks import BlockModel
-from raydl.models.hf.config import hf_config, weight_files
+from raydl.models.hf.config import hf_config, model_class, weight_files
 from raydl.models.hf.options import HfOptions
 from raydl.models.spec import ModelSpec
 
-__all__ = ["spec", "build", "build_causal_lm", "HfOptions"]
+__all__ = ["HfOptions", "build", "build_causal_lm", "spec"]
 
 
 def build_causal_lm(options: HfOptions, meta: dict[str, Any]) -> nn.Module:
@@ -29,9 +29,9 @@ def _load_or_init(options: HfOptions, config) -> nn.Module:
 
     if options.weights and not _shapes_only():
         weight_files(options.weights)
-        model_class = AutoModelForCausalLM._model_mapping[type(config)]
-        return model_class.from_pretrained(options.weights, config=config, local_files_only=True, use_safetensors=True,
-                                           dtype=torch.float32, attn_implementation=options.attention)
+        return model_class(config.model_type).from_pretrained(
+            options.weights, config=config, local_files_only=True, use_safetensors=True, dtype=torch.float32,
+            attn_implementation=options.attention)
     return AutoModelForCausalLM.from_config(config, attn_implementation=options.attention)
 
 
