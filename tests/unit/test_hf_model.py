@@ -55,6 +55,16 @@ def test_blocks_in_order_equal_the_transformers_forward(family, attention):
         torch.testing.assert_close(blocks(changed)[:, :8], ours[:, :8], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_blocks_equal_the_transformers_forward_under_bf16_autocast(family):
+    blocks, reference = _pair(_options(family))
+    ids = _ids()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, theirs = blocks(ids), reference(ids, use_cache=False).logits
+    assert ours.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
 def test_mistral_sliding_window_limits_what_a_token_sees():
     blocks, _ = _pair(_options("mistral", sliding_window=4))
     ids = _ids()
