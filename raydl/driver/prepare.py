@@ -7,7 +7,6 @@ fails in a second with exit code 2 and nothing written.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import uuid
@@ -63,7 +62,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
     job = {"config": cfg.to_dict(), "data_path": data_path if "://" in data_path else str(Path(data_path).resolve()),
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
-           "model": model, "import_dir": os.getcwd()}
+           "model": model, "import_dir": chosen.import_dir}
     return PreparedRun(cfg, run_dir, job)
 
 

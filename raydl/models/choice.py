@@ -14,7 +14,7 @@ from raydl.errors import ConfigError, DataError
 from raydl.models.blocks import BlockModel, num_params
 from raydl.models.build import build_model
 from raydl.models.options import build_options
-from raydl.models.registry import resolve_spec
+from raydl.models.registry import import_dir, resolve_spec
 from raydl.models.spec import ModelSpec
 
 
@@ -23,6 +23,7 @@ class ModelChoice:
     spec: ModelSpec
     options: Any
     size: str      # model.size: part of the checkpoint fingerprint, as before model.options existed
+    import_dir: str = ""   # where model.name's module was found: the workers import it from there
 
     def open_dataset(self, cfg: JobConfig) -> DatasetInfo:
         """data.path (or the built-in dataset of the model's task, generated on first use), opened and checked."""
@@ -62,5 +63,7 @@ class ModelChoice:
 
 def choose_model(section: ModelSection, spec: ModelSpec | None = None) -> ModelChoice:
     """`spec` (from raydl.train(model=...)) replaces the one model.name names."""
-    spec = spec or resolve_spec(section.name)
-    return ModelChoice(spec, build_options(spec, section), section.size)
+    if spec is not None:
+        return ModelChoice(spec, build_options(spec, section), section.size)
+    spec = resolve_spec(section.name)
+    return ModelChoice(spec, build_options(spec, section), section.size, import_dir(section.name))

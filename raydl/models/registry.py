@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 from raydl.errors import ConfigError, RaydlError
@@ -40,10 +41,21 @@ def resolve_spec(name: str) -> ModelSpec:
 
 def search_from(directory: str) -> None:
     """Import models from `directory` first. The driver uses its working directory (`raydl train` runs
-    from a console script, whose directory, not the working one, starts sys.path); the workers use the
-    driver's, as Ray does for the processes of a Ray it starts, also when Ray was started before."""
+    from a console script, whose directory, not the working one, starts sys.path); workers and Tune
+    trials use the directory the driver found the module in (Ray adds the driver's working directory
+    to the processes of a Ray it starts, but not to those of a Ray started elsewhere, or earlier)."""
     if directory not in sys.path and os.path.isdir(directory):
         sys.path.insert(0, directory)
+
+
+def import_dir(name: str) -> str:
+    """The sys.path entry an import-path model's module came from; "" for a built-in name."""
+    if name in BUILTIN or ":" not in name:
+        return ""
+    module_name = name.partition(":")[0]
+    path = Path(sys.modules[module_name].__file__)
+    path = path.parent if path.name == "__init__.py" else path
+    return str(path.parents[module_name.count(".")])
 
 
 def _import(module_name: str, name: str):

@@ -69,14 +69,17 @@ def trial_history(trial_dir: Path) -> list[dict[str, Any]]:
     return report.stitch([report.read_records(a) for a in _attempts(trial_dir)])
 
 
-def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, model=None) -> None:
+def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, model=None, import_dir: str = "") -> None:
     """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint.
-    `model`: the ModelSpec object of raydl.sweep(model=...), or None for model.name's."""
+    `model`: the ModelSpec object of raydl.sweep(model=...), or None for model.name's, which is imported from
+    `import_dir` (the sweep driver's working directory; Tune runs trials in their own)."""
     from ray import tune
 
     from raydl.driver.prepare import prepare_run
     from raydl.driver.ray_trainer import build_trainer
+    from raydl.models.registry import search_from
 
+    search_from(import_dir)
     spec = parse_sweep(sweep)
     trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()
     attempts = _attempts(trial_dir)
@@ -184,7 +187,8 @@ def new_sweep_dir(spec: SweepSpec) -> Path:
 def _trainable(spec: SweepSpec, sweep_dir: Path, model):
     from ray import tune
 
-    return tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), model=model)
+    return tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), model=model,
+                                import_dir=os.getcwd())
 
 
 def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int, model):

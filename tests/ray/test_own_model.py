@@ -116,3 +116,16 @@ def test_examples_train_from_python_script(data_cache, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert _fell(_losses(result["run_dir"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_import_path_model_in_a_sweep(ray_session, own_model_dir, data_cache):
+    """Tune runs each trial in its own directory and process: model.name still imports there."""
+    base = {"model": {"name": "mymodels.net:make_spec"}, "run": {"runs_dir": str(own_model_dir / "runs")},
+            "data": {"cache_dir": str(data_cache), "builtin_samples": 4096}, "scaling": {"min_workers": 1, "max_workers": 1},
+            "train": {"max_steps": 10, "warmup_steps": 2, "eval_batches": 2},
+            "telemetry": {"report_every": 5, "progress": False}, "checkpoint": {"every_steps": 10}}
+    summary = raydl.sweep({"base": base, "space": {"train.lr": [0.003, 0.01]}, "objective": "eval_loss"})
+    assert [r["status"] for r in summary["trials"]] == ["ok", "ok"], summary["trials"]
+    assert [r["steps"] for r in summary["trials"]] == [10, 10] and all(r["eval_loss"] for r in summary["trials"])

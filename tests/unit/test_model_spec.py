@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from raydl.models.presets import BUILTIN_OPTIONS
 from raydl.overrides import load_config
 
 META = {"num_features": 6}
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _choice(*sets: str):
@@ -176,3 +178,18 @@ def test_import_raydl_loads_neither_torch_nor_ray():
     assert callable(raydl.train) and raydl.train.__name__ == "raydl.train"   # also the loop's package
     assert {"train", "sweep", "ModelSpec", "BlockModel", "ConfigError", "DataError", "CheckpointError",
             "RaydlError"} <= set(dir(raydl))
+
+
+def test_import_path_models_record_the_directory_they_were_found_in(tmp_path, monkeypatch):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("from examples.mlp_classifier import spec\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(REPO)
+    assert choose_model(load_config(None, ["model.name=examples.mlp_classifier:spec"]).model).import_dir == str(REPO)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert choose_model(load_config(None, ["model.name=pkg.sub:spec"]).model).import_dir == str(tmp_path)
+    finally:
+        for name in ("pkg.sub", "pkg"):
+            sys.modules.pop(name, None)
+    assert _choice("model.name=gpt").import_dir == ""
