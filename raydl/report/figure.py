@@ -48,7 +48,10 @@ def plot(runs: list[RunCurves], path: Path, *, title: str) -> None:
         for run, color in zip(runs, colors):
             _mark(ax, run.markers, color if len(runs) > 1 else None, label_them=ax is axes.flat[0])
         ax.set(title=name, xlabel="step", ylabel=ylabel)
-        ax.yaxis.get_major_locator().set_params(integer=name == "workers")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if name == "workers":   # from 0, so that a resize reads as the fraction of the workers it is
+            ax.set_ylim(0, ax.get_ylim()[1] + 0.5)
+            ax.yaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         if len(series) > 1 and drawn:
             _series_legend(ax, [s for s in series if s[0] in drawn])
@@ -82,7 +85,8 @@ def _mark(ax, markers: list[Marker], color: str | None, *, label_them: bool) -> 
         ax.axvline(m.step, lw=1.2, **style)
         if label_them:   # the cause once, on the loss panel
             ax.annotate(m.text[:48], (m.step, 1), xycoords=("data", "axes fraction"), rotation=90, va="top",
-                        ha="right", fontsize=7, color=style["color"])
+                        ha="right", fontsize=7, color=style["color"],
+                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
 
 
 def _series_legend(ax, series) -> None:
