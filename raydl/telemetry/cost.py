@@ -57,6 +57,7 @@ class Machine:
     name: str
     cloud: str
     vcpus: int
+    memory_gib: float
     gpus: int                    # built in (AWS instances, GCP G2); 0 for a machine GPUs are attached to
     accelerator: str | None
     network_gbps: float
@@ -192,9 +193,9 @@ def _price(row: dict[str, Any], where: str) -> Price:
 
 def _machine(name: str, row: dict[str, Any], where: str) -> Machine:
     return Machine(name=name, cloud=str(row.get("cloud", "?")), vcpus=int(_number(row, "vcpus", where)),
-                   gpus=int(_number(row, "gpus", where)), accelerator=row.get("accelerator"),
-                   network_gbps=_number(row, "network_gbps", where), gpu_link=row.get("gpu_link"),
-                   price=_price(row, where))
+                   memory_gib=_number(row, "memory_gib", where), gpus=int(_number(row, "gpus", where)),
+                   accelerator=row.get("accelerator"), network_gbps=_number(row, "network_gbps", where),
+                   gpu_link=row.get("gpu_link"), price=_price(row, where))
 
 
 def _accelerator(name: str, row: dict[str, Any], where: str) -> Accelerator:

@@ -1,0 +1,363 @@
+"""Plan a cluster, not only a layout: step time, wall time and $ of every node type x node count x layout.
+
+    raydl plan --cluster cluster/aws-gpu.yaml --steps 20000 --deadline 12 --budget 100
+
+For each worker node type of a Ray cluster-launcher config (`NodeType.from_config`), each node count up to
+its cap, and each dp x pp layout of that many workers that the planner (`mesh.plan_layouts`) finds fitting,
+`plan_cluster` predicts the step time and the run's wall time and $, then names the cheapest plan that
+meets the deadline and the fastest within the budget. Pure: the profile comes from the caller.
+
+The model, and what it assumes until measured on the node type itself
+----------------------------------------------------------------------
+Compute
+    The per-block profile measured here (`raydl.parallel.profile`). On a node of the GPU it was measured on,
+    as it is. On another GPU every block takes its share of the measured time of the model's FLOPs at
+    ``GPU_MFU`` of the GPU's dense peak at the run's precision (cluster/prices.yaml `tflops`), and at least
+    ``GPU_BLOCK_FLOOR_S`` forward and twice that backward (kernel launches: small models do not fill a
+    GPU). A precision the GPU lacks (bf16 on a T4) rules the node type out. CPU node types run each
+    worker at the profiled speed (same per-core speed as this machine). The model's FLOPs must be known
+    (ModelSpec.flops_per_sample) to move a profile between devices.
+Memory
+    ``GPU_MEMORY_USABLE`` of the GPU's memory; a CPU node's RAM shared by its workers.
+Links (per direction; `Link`)
+    Workers of one node: ``INTRA_NODE[machine.gpu_link]`` (``pcie`` without NVLink, as on g5.12xlarge;
+    ``nvlink``), loopback for CPU workers. Between nodes: the machine's ``network_gbps`` (the provider's
+    nominal figure, "up to" for small instances) at ``NETWORK_EFFICIENCY``, ``NETWORK_LATENCY_S``.
+    Ray packs a pipeline's ranks into one node when pp divides the workers per node; otherwise its stage
+    boundaries cross the network. Data parallelism crosses the network as soon as there are 2 nodes.
+Step time
+    The cost model's (`cost_model.evaluate`: stages, bubble, P2P at the link above) plus the data-parallel
+    traffic of the wrapper `wrapper_policy` chooses, not overlapped with compute (an upper bound: DDP and
+    FSDP overlap part of it): ring all-reduce, ``2 (dp-1)/dp x gradient bytes`` per step (ddp, replicate);
+    FSDP2 also all-gathers the parameters, forward and backward of every micro-batch without a pipeline
+    (``(2m+1) (dp-1)/dp x bytes``), once per step with one (``2 (dp-1)/dp x bytes``). The optimizer step,
+    data loading and checkpoint saves are not modelled.
+Wall time and $
+    ``steps x step time + START_UP_S`` (node boot, image pull, worker start); ``$ = wall hours x (nodes x
+    the node's $/h + the head's $/h)``, at the prices of cluster/prices.yaml (spot for spot node types).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydl.config import JobConfig
+from raydl.errors import ConfigError, LayoutError
+from raydl.parallel import schedules, search
+from raydl.parallel.cost_model import Candidate
+from raydl.parallel.mesh import plan_layouts
+from raydl.parallel.profile import BlockProfile, ModelProfile
+from raydl.parallel.wrapper_policy import choose_dp_wrapper
+from raydl.telemetry.cost import CPU, Accelerator, Node, PriceTable, format_usd
+
+GPU_MFU = 0.4                 # share of the dense peak a large model reaches on a GPU
+GPU_BLOCK_FLOOR_S = 50e-6     # a block's forward on a GPU takes at least this (backward: twice)
+GPU_MEMORY_USABLE = 0.9       # CUDA context and allocator slack take the rest
+START_UP_S = 300.0            # node boot + image pull + worker start on a cloud (cluster/README.md: minutes)
+
+
+@dataclass(frozen=True)
+class Link:
+    bytes_per_s: float        # per direction
+    latency_s: float
+
+
+INTRA_NODE = {"pcie": Link(12e9, 10e-6),       # PCIe 4.0 x16 through the host bridge, NCCL's typical bus rate
+              "nvlink": Link(150e9, 5e-6),     # NVLink 3 (A100), per direction
+              "loopback": Link(1e9, 100e-6)}   # gloo over TCP loopback between CPU processes (profile's default)
+NETWORK_EFFICIENCY = 0.8      # TCP/NCCL sockets reach about this share of the line rate
+NETWORK_LATENCY_S = 50e-6     # one hop inside a cloud zone
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One kind of worker node a cluster config offers."""
+
+    name: str
+    machine: str              # what it is priced as ("g5.2xlarge", "n1-standard-8+nvidia-tesla-t4"), or "-"
+    workers: int              # workers per node: its GPUs, or its CPUs / scaling.cpus_per_worker
+    max_nodes: int
+    spot: bool
+    accelerator: Accelerator | None   # None: CPU workers
+    memory_bytes: int         # per worker
+    intra: Link
+    network: Link
+    usd_per_hour: float | None        # per node; None: no price known
+    start_up_s: float = START_UP_S
+
+    @property
+    def device(self) -> str:
+        return self.accelerator.name if self.accelerator else CPU
+
+
+@dataclass(frozen=True)
+class Prediction:
+    node_type: NodeType
+    nodes: int
+    candidate: Candidate
+    dp_wrapper: str
+    step_s: float             # the cost model's step + data-parallel traffic
+    comm_s: float             # the data-parallel traffic in it
+    wall_s: float
+    usd: float | None
+
+    @property
+    def workers(self) -> int:
+        return self.nodes * self.node_type.workers
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    predictions: list[Prediction]     # the fastest layout of every (node type, node count) that fits, fastest first
+    ruled_out: list[str]              # node types that cannot run this model, and why
+    cheapest: Prediction | None       # the cheapest within the deadline
+    fastest: Prediction | None        # the fastest within the budget
+    layouts_evaluated: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Node types of a cluster config
+
+
+def read_cluster(path: Path, table: PriceTable, cfg: JobConfig, *,
+                 host_memory_bytes: int) -> tuple[list[NodeType], float]:
+    """(worker node types, the head's $/h: 0 when unpriced) of a Ray cluster-launcher YAML. A CPU node type
+    without a listed machine gets `host_memory_bytes` of RAM."""
+    data = _read_yaml(path)
+    types = data.get("available_node_types")
+    if not isinstance(types, dict) or not types:
+        raise ConfigError("--cluster", f"'{path}' has no available_node_types, so it is not a Ray cluster-launcher "
+                          "config", "pass one like cluster/aws-gpu.yaml (KubeRay manifests name no machine types; "
+                          "cluster/gcp-gpu.yaml has the same L4 nodes as cluster/kuberay/*.yaml)")
+    cap = int(data.get("max_workers", 2**31))
+    head = data.get("head_node_type")
+    nodes = {name: _node_type(name, row or {}, table, cfg, cap, where=f"{path}: available_node_types.{name}",
+                              host_memory_bytes=host_memory_bytes) for name, row in types.items()}
+    head_usd = nodes[head].usd_per_hour if head in nodes else None
+    return [t for name, t in nodes.items() if name != head], head_usd or 0.0
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError("--cluster", f"'{path}' does not exist", "pass a cluster config, e.g. cluster/aws-gpu.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError("--cluster", f"'{path}' is not valid YAML ({str(e).splitlines()[0]})", "fix it") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--cluster", f"'{path}' is not a mapping", "pass a Ray cluster-launcher config")
+    return data
+
+
+def _node_type(name: str, row: dict[str, Any], table: PriceTable, cfg: JobConfig, cap: int, *, where: str,
+               host_memory_bytes: int) -> NodeType:
+    resources, config = row.get("resources") or {}, row.get("node_config") or {}
+    node = _priced_node(config, table, f"{where}.node_config")
+    machine = node.machine if node else None
+    spot = _is_spot(row, config)
+    accelerator = node.accelerator if node and resources.get("GPU") else None
+    if accelerator:
+        workers, memory = int(resources["GPU"]), int(accelerator.memory_gib * 2**30 * GPU_MEMORY_USABLE)
+        intra = INTRA_NODE[machine.gpu_link or "pcie"]
+    else:
+        workers = int(resources.get("CPU", 0) // cfg.scaling.cpus_per_worker)
+        memory = (int(machine.memory_gib * 2**30) if machine else host_memory_bytes) // max(1, workers)
+        intra = INTRA_NODE["loopback"]
+    network_gbps = machine.network_gbps if machine else 10.0
+    return NodeType(name=name, machine=node.name if node else "-", workers=workers, spot=spot,
+                    max_nodes=min(int(row.get("max_workers", cap)), cap), accelerator=accelerator,
+                    memory_bytes=memory, intra=intra,
+                    network=Link(network_gbps * 1e9 / 8 * NETWORK_EFFICIENCY, NETWORK_LATENCY_S),
+                    usd_per_hour=node.usd_per_hour(spot) if node else None)
+
+
+def _priced_node(config: dict[str, Any], table: PriceTable, where: str) -> Node | None:
+    """The table's node for an AWS InstanceType or a GCP machineType (+ guestAccelerators); None for neither."""
+    if "InstanceType" in config:
+        return table.node(config["InstanceType"], field=where)
+    if "machineType" not in config:
+        return None
+    attached = config.get("guestAccelerators") or []
+    machine = table.node(config["machineType"], field=where)
+    if not attached or machine.machine.gpus:
+        return machine
+    gpu = attached[0]
+    return table.node(f"{config['machineType']}+{int(gpu.get('acceleratorCount', 1))}x{gpu['acceleratorType']}",
+                      field=where)
+
+
+def _is_spot(row: dict[str, Any], config: dict[str, Any]) -> bool:
+    market = (config.get("InstanceMarketOptions") or {}).get("MarketType", "")
+    provisioning = (config.get("scheduling") or {}).get("provisioningModel", "")
+    label = (row.get("labels") or {}).get("ray.io/market-type", "")
+    return "spot" in {str(market).lower(), str(provisioning).lower(), str(label).lower()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The profile on another device
+
+
+def device_profile(profile: ModelProfile, node_type: NodeType, *, profiled_on: str, precision: str,
+                   flops_per_sample: float | None) -> ModelProfile:
+    """The profile as one of the node type's devices would measure it (LayoutError: it cannot move there)."""
+    if node_type.device == profiled_on:
+        return profile
+    if node_type.accelerator is None:
+        raise LayoutError(f"its workers are CPUs and the profile was measured on {profiled_on}: profile on a CPU")
+    peak = node_type.accelerator.tflops.get(precision)
+    if peak is None:
+        raise LayoutError(f"{node_type.accelerator.name} has no {precision} (it has "
+                          f"{', '.join(node_type.accelerator.tflops)}): set train.precision to one of those")
+    if not flops_per_sample:
+        raise LayoutError("the model's FLOPs are unknown (ModelSpec.flops_per_sample), so the profile measured on "
+                          f"{profiled_on} cannot be moved to a {node_type.accelerator.name}: plan on that GPU")
+    measured = sum(b.fwd_s + b.bwd_s for b in profile.blocks)
+    scale = flops_per_sample * profile.micro_batch / (peak * 1e12 * GPU_MFU) / measured
+    return dataclasses.replace(profile, blocks=tuple(_on_gpu(b, scale) for b in profile.blocks))
+
+
+def _on_gpu(block: BlockProfile, scale: float) -> BlockProfile:
+    return dataclasses.replace(block, fwd_s=max(block.fwd_s * scale, GPU_BLOCK_FLOOR_S),
+                               bwd_s=max(block.bwd_s * scale, 2 * GPU_BLOCK_FLOOR_S))
+
+
+def with_link(profile: ModelProfile, link: Link) -> ModelProfile:
+    return dataclasses.replace(profile, p2p_bytes_per_s=link.bytes_per_s, p2p_latency_s=link.latency_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions
+
+
+def predict(profile: ModelProfile, cfg: JobConfig, node_type: NodeType, nodes: int, *,
+            steps: int, head_usd_per_hour: float = 0.0) -> tuple[Prediction, int]:
+    """The fastest fitting layout of `nodes` nodes of this type, and how many layouts were evaluated.
+    `profile` is on the node type's device already (`device_profile`). LayoutError when none fits."""
+    world = nodes * node_type.workers
+    inside = with_link(profile, node_type.intra)
+    across = inside if nodes == 1 else with_link(profile, node_type.network)
+    candidates = [c for c in _usable(inside, cfg, world, node_type) if _in_one_node(c.pp, node_type)]
+    candidates += [c for c in _usable(across, cfg, world, node_type) if not _in_one_node(c.pp, node_type)]
+    if not candidates:
+        raise LayoutError(f"no layout of {world} workers fits")
+    dp_link = node_type.intra if nodes == 1 else node_type.network
+    best = min((_timed(profile, cfg, c, node_type, dp_link) for c in candidates), key=lambda t: t[0])
+    step_s, comm_s, candidate, wrapper = best
+    wall_s = steps * step_s + node_type.start_up_s
+    usd = None if node_type.usd_per_hour is None else \
+        wall_s / 3600 * (nodes * node_type.usd_per_hour + head_usd_per_hour)
+    return Prediction(node_type, nodes, candidate, wrapper, step_s, comm_s, wall_s, usd), len(candidates)
+
+
+def _in_one_node(pp: int, node_type: NodeType) -> bool:
+    return node_type.workers % pp == 0
+
+
+def _usable(profile: ModelProfile, cfg: JobConfig, world: int, node_type: NodeType) -> list[Candidate]:
+    try:
+        _, candidates = plan_layouts(profile, cfg, world_size=world, memory_bytes=node_type.memory_bytes)
+    except LayoutError:
+        return []
+    floor = max(1, cfg.train.micro_batch_size // 4)
+    return [c for c in candidates if c.fits and c.micro_batch >= floor]
+
+
+def _timed(profile: ModelProfile, cfg: JobConfig, candidate: Candidate, node_type: NodeType,
+           link: Link) -> tuple[float, float, Candidate, str]:
+    param_bytes = sum(b.param_bytes for b in profile.blocks)
+    wrapper, _ = choose_dp_wrapper(cfg.parallel.dp_wrapper, dp=candidate.dp, pp=candidate.pp,
+                                   param_bytes=param_bytes, memory_bytes=node_type.memory_bytes)
+    comm_s = dp_traffic_s(candidate, profile, wrapper, link)
+    return candidate.predicted_step_s + comm_s, comm_s, candidate, wrapper
+
+
+def dp_traffic_s(candidate: Candidate, profile: ModelProfile, wrapper: str, link: Link) -> float:
+    """Seconds per step of data-parallel collectives on the rank holding the most parameters."""
+    dp = candidate.dp
+    if dp == 1:
+        return 0.0
+    per_rank = [0] * candidate.pp
+    for rank, stage in zip(schedules.stage_ranks(candidate.schedule, candidate.pp), candidate.stages):
+        per_rank[rank] += sum(b.param_bytes for b in profile.blocks[stage.blocks[0]:stage.blocks[1]])
+    rank_bytes = max(per_rank)
+    if wrapper in ("ddp", "replicate") or candidate.pp > 1:
+        rounds = 2
+    else:                                   # FSDP2 without a pipeline reshards after every forward
+        rounds = 2 * candidate.num_microbatches + 1
+    return rounds * (dp - 1) / dp * rank_bytes / link.bytes_per_s + rounds * (dp - 1) * link.latency_s
+
+
+def plan_cluster(profile: ModelProfile, cfg: JobConfig, node_types: list[NodeType], *, steps: int,
+                 profiled_on: str, flops_per_sample: float | None, head_usd_per_hour: float = 0.0,
+                 deadline_s: float | None = None, budget_usd: float | None = None) -> ClusterPlan:
+    predictions, ruled_out, evaluated = [], [], 0
+    for node_type in node_types:
+        try:
+            on_device = device_profile(profile, node_type, profiled_on=profiled_on, precision=cfg.train.precision,
+                                       flops_per_sample=flops_per_sample)
+        except LayoutError as why:
+            ruled_out.append(f"{node_type.name}: {why}")
+            continue
+        fitting = 0
+        for nodes in range(1, node_type.max_nodes + 1):
+            try:
+                prediction, count = predict(on_device, cfg, node_type, nodes, steps=steps,
+                                            head_usd_per_hour=head_usd_per_hour)
+            except LayoutError:
+                continue
+            predictions.append(prediction)
+            evaluated, fitting = evaluated + count, fitting + 1
+        if not fitting:
+            ruled_out.append(f"{node_type.name}: no layout fits on 1..{node_type.max_nodes} nodes of "
+                             f"{node_type.workers} workers")
+    predictions.sort(key=lambda p: p.wall_s)
+    return ClusterPlan(predictions, ruled_out, _cheapest(predictions, deadline_s), _fastest(predictions, budget_usd),
+                       evaluated)
+
+
+def _cheapest(predictions: list[Prediction], deadline_s: float | None) -> Prediction | None:
+    within = [p for p in predictions if p.usd is not None and (deadline_s is None or p.wall_s <= deadline_s)]
+    return min(within, key=lambda p: (p.usd, p.wall_s), default=None)
+
+
+def _fastest(predictions: list[Prediction], budget_usd: float | None) -> Prediction | None:
+    within = [p for p in predictions if budget_usd is None or (p.usd is not None and p.usd <= budget_usd)]
+    return min(within, key=lambda p: (p.wall_s, p.usd or 0.0), default=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def format_plan(plan: ClusterPlan, *, steps: int, deadline_s: float | None, budget_usd: float | None) -> str:
+    header = ("", "node type", "machine", "spot", "nodes", "workers", "layout", "wrapper", "step ms", "dp comm ms",
+              "wall h", "$")
+    rows = [header] + [_plan_row(p, plan) for p in plan.predictions]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    cheapest = "cheapest" + ("" if deadline_s is None else f" within the deadline ({deadline_s / 3600:g} h)")
+    fastest = "fastest" + ("" if budget_usd is None else f" within the budget (${budget_usd:g})")
+    lines += [f"{len(plan.predictions)} (node type, node count) pairs, {plan.layouts_evaluated} layouts evaluated, "
+              f"{steps} steps", f"c = {_verdict(cheapest, plan.cheapest)}", f"f = {_verdict(fastest, plan.fastest)}"]
+    lines += [f"ruled out: {why}" for why in plan.ruled_out]
+    return "\n".join(lines)
+
+
+def _plan_row(p: Prediction, plan: ClusterPlan) -> tuple[str, ...]:
+    c, t = p.candidate, p.node_type
+    mark = ("c" if p is plan.cheapest else "") + ("f" if p is plan.fastest else "")
+    return (mark, t.name, t.machine, "yes" if t.spot else "no", str(p.nodes), str(p.workers), search.describe(c),
+            p.dp_wrapper, f"{1e3 * p.step_s:.1f}", f"{1e3 * p.comm_s:.1f}", f"{p.wall_s / 3600:.2f}",
+            "-" if p.usd is None else f"{p.usd:.2f}")
+
+
+def _verdict(label: str, p: Prediction | None) -> str:
+    if p is None:
+        return f"{label}: none (no priced plan meets it)"
+    return (f"{label}: {p.nodes} x {p.node_type.name} ({p.node_type.machine}), {search.describe(p.candidate)}, "
+            f"{p.wall_s / 3600:.2f} h, {format_usd(p.usd)}")
