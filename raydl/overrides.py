@@ -52,14 +52,13 @@ def coerce(path: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(path, f"got {value!r}, expected a list", "write it as [1, 2]")
         return [coerce(path, v, item_tp) for v in value]
-    if typing.get_origin(tp) is dict:   # dict[str, Any] (model.options): the values' owner checks them
+    if typing.get_origin(tp) is dict:   # a mapping (model.options): whoever reads it checks its values
         if isinstance(value, str):
             value = _safe_yaml(path, value) if value.strip() else {}
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ConfigError(path, f"got {value!r}, expected a mapping", f"write it as {{key: value}} in YAML, or "
                               f"--set {path}.KEY=VALUE")
-        value_tp = typing.get_args(tp)[1]
-        return {k: v if value_tp is Any else coerce(f"{path}.{k}", v, value_tp) for k, v in value.items()}
+        return dict(value)
     if isinstance(value, str) and tp is not str:
         value = _parse_scalar(path, value, tp)
     if tp is bool and isinstance(value, bool):
