@@ -3,6 +3,7 @@ with the steps where a resize or a restart started a new worker group marked on 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from raydl.errors import RaydlError
@@ -69,7 +70,7 @@ def _draw(ax, run: RunCurves, series, color: str) -> set[str]:
     """The run's series that it has values of, drawn; returns their keys."""
     drawn = set()
     for key, scale, _, style in series:
-        points = [(r["step"], r[key] * scale) for r in run.records if isinstance(r.get(key), (int, float))]
+        points = [(r["step"], r[key] * scale) for r in run.records if _finite(r.get(key))]
         if points:
             steps, values = zip(*points)
             ax.plot(steps, values, style, color=color, lw=1.2, ms=4,
@@ -104,3 +105,8 @@ def _legend_handles(plt, runs: list[RunCurves], colors: list[str]) -> list:
             color = MARKER_STYLE[kind]["color"] if len(runs) == 1 else "black"
             handles.append(plt.Line2D([], [], lw=1.2, ls=MARKER_STYLE[kind]["ls"], color=color, label=MARKER_MEANING[kind]))
     return handles
+
+
+def _finite(x) -> bool:
+    """A value to draw: a diverged step's nan or inf loss would only break the axis' scale."""
+    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -19,6 +19,7 @@ from raydl.tune.report import stitch
 METRICS, SUMMARY, RUN_CONFIG = "metrics.jsonl", "summary.json", "config.yaml"
 SWEEP_FILE, TRIALS_DIR, SWEEP_RESULTS = "sweep.yaml", "trials", "results.json"
 ATTEMPT = re.compile(r"attempt-(\d+)")
+LABEL_CHARS = 80   # a trial's label in the table and the legend
 SOURCE_FORM = "a run directory (runs/<run>, holding metrics.jsonl) or a sweep directory (runs/<sweep>, holding sweep.yaml)"
 
 
@@ -133,15 +134,14 @@ def _trial(trial_dir: Path, label: str) -> RunCurves:
     """A trial's attempts as one run: a resumed attempt replaces the steps it redoes, and is marked."""
     attempts = sorted((p for p in trial_dir.iterdir() if ATTEMPT.fullmatch(p.name) and (p / METRICS).is_file()),
                       key=lambda p: int(ATTEMPT.fullmatch(p.name).group(1)))
-    records, markers = [], []
-    for n, attempt in enumerate(attempts):
-        run = _run(attempt, label)
+    runs = [_run(a, label) for a in attempts]
+    markers = []
+    for n, (attempt, run) in enumerate(zip(attempts, runs)):
         if n:
             markers.append(Marker(run.records[0]["step"], "restart", f"resumed ({attempt.name})"))
-        records.append(run.records)
         markers.extend(run.markers)
     note = f"summary of {attempts[-1].name}, resumed" if len(attempts) > 1 else "-"
-    return RunCurves(label, stitch(records), read_summary(attempts[-1]) if attempts else None, markers, note)
+    return RunCurves(label, stitch([r.records for r in runs]), runs[-1].summary if runs else None, markers, note)
 
 
 def _trial_labels(sweep_dir: Path) -> dict[str, str]:
@@ -154,7 +154,7 @@ def _trial_labels(sweep_dir: Path) -> dict[str, str]:
     for row in rows if isinstance(rows, list) else []:
         if isinstance(row, dict) and isinstance(row.get("trial"), str) and isinstance(row.get("params"), dict):
             params = ", ".join(f"{str(k).split('.')[-1]}={v}" for k, v in row["params"].items())
-            labels[row["trial"]] = f"{row['trial']}: {params}"
+            labels[row["trial"]] = f"{row['trial']}: {params}"[:LABEL_CHARS]
     return labels
 
 

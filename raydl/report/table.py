@@ -22,6 +22,7 @@ COLUMNS = (
     ("priced as", "pricing.priced_as", 1, False),
 )
 NO_VALUE = "-"
+CELL_CHARS = 120
 
 
 def figures(run: RunCurves) -> dict[str, str]:
@@ -43,7 +44,7 @@ def lookup(data: dict[str, Any], dotted: str) -> Any:
 def cell(value: Any, scale: float) -> str:
     if isinstance(value, list):   # the world sizes it ran at, or the restarts (counted)
         return str(len(value)) if all(isinstance(v, dict) for v in value) else ", ".join(map(str, value))
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, (bool, str)):
         return str(value)
     if isinstance(value, int) and scale == 1:
         return str(value)
@@ -66,6 +67,12 @@ def format_table(runs: list[RunCurves], *, per_run_lines: bool) -> str:
 
 
 def aligned(rows: list[list[str]]) -> str:
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def printable(text: str) -> str:
+    """A cell from untrusted files, on one line and without terminal control characters."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text[:CELL_CHARS])

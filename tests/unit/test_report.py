@@ -146,3 +146,15 @@ def test_sweep_layout_names_are_the_sweeps_own():
     from raydl.tune import sweep
 
     assert (report_source.SWEEP_FILE, report_source.TRIALS_DIR) == (sweep.SWEEP_FILE, sweep.TRIALS_DIR)
+
+
+def test_untrusted_summary_text_prints_on_one_line_without_control_characters(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(run, [(1, 1, 10)])
+    s = summary(run)
+    (run / "summary.json").write_text(json.dumps({**s, "precision": "fp32\n\x1b[2Jgone" + "x" * 500, "steps": "ten"}))
+
+    assert main(["report", str(run)]) == 0
+    table = dict(table_rows(capsys.readouterr().out)[1:])
+    assert table["precision"].startswith("fp32??[2Jgone") and len(table["precision"]) == 120
+    assert table["steps"] == "ten" and "\x1b" not in table["precision"]
