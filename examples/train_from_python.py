@@ -47,7 +47,8 @@ def main() -> None:
               "scaling": {"min_workers": args.workers, "max_workers": args.workers},
               "run": {"runs_dir": args.runs_dir}, "telemetry": {"progress": False}}
     summary = raydl.train(config, overrides=args.overrides, model=spec)
-    losses = [json.loads(line)["loss"] for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    metrics = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["loss"] for line in metrics]
     print(json.dumps({"first_loss": losses[0], "last_loss": losses[-1], "run_dir": summary["run_dir"]}))
 
 

@@ -18,8 +18,8 @@ from raydl.errors import CheckpointError, ConfigError, DataError, LayoutError, R
 
 _LAZY = {"ModelSpec": "raydl.models.spec", "BlockModel": "raydl.models.blocks", "sweep": "raydl.api"}
 
-__all__ = ["train", "sweep", "ModelSpec", "BlockModel",
-           "RaydlError", "ConfigError", "DataError", "CheckpointError", "LayoutError"]
+__all__ = ["BlockModel", "CheckpointError", "ConfigError", "DataError", "LayoutError", "ModelSpec", "RaydlError",
+           "sweep", "train"]
 
 
 def __getattr__(name: str) -> Any:
@@ -45,6 +45,7 @@ class _CallablePackage(types.ModuleType):
         return train(*args, **kwargs)
 
 
-from raydl import train as _train_package  # noqa: E402  (an empty __init__: nothing heavy is imported)
+# The subpackage raydl.train: its __init__ is empty, so nothing heavy is imported here.
+from raydl import train as _train_package
 
 _train_package.__class__ = _CallablePackage

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from raydl.config import JobConfig
 from raydl.errors import ConfigError
@@ -37,7 +38,8 @@ def train(config: str | Path | Mapping[str, Any] | JobConfig | None = None, *, o
 
 
 def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Overrides = (),
-          model: ModelSpec | None = None, address: str | None = None, resume: str | Path | None = None) -> dict[str, Any]:
+          model: ModelSpec | None = None, address: str | None = None,
+          resume: str | Path | None = None) -> dict[str, Any]:
     """Sweep as `raydl sweep` does; returns results.json's dict (trials, best) with the report table.
 
     `config`: a sweep file or its mapping (base/space/objective...); None = the built-in batch x

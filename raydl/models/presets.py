@@ -62,7 +62,7 @@ class GptOptions:
         _check_size(self.size, GPT_SIZES, "gpt")
         _check_not_negative(layers=self.layers, width=self.width, heads=self.heads, seq_len=self.seq_len,
                             vocab=self.vocab)
-        layers, width, heads = self.dims()
+        _, width, heads = self.dims()
         if width % heads:
             raise ConfigError("model.options.width", f"({width}) is not a multiple of the heads ({heads})",
                               "give a width divisible by model.options.heads")

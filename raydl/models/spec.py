@@ -17,8 +17,9 @@ that returns one), or hand it to `raydl.train(model=spec)`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # `import raydl` stays free of torch
     import torch

@@ -36,7 +36,8 @@ def _batch() -> dict[str, torch.Tensor]:
 def train(rank: int, world_size: int, out_dir: str) -> None:
     for wrapper in DP_WRAPPERS:
         cfg = load_config(None, [f"parallel.dp_wrapper={wrapper}", f"train.global_batch_size={ROWS}",
-                                 f"train.micro_batch_size={ROWS // world_size}", "train.warmup_steps=0", "train.lr=0.01",
+                                 f"train.micro_batch_size={ROWS // world_size}", "train.warmup_steps=0",
+                                 "train.lr=0.01",
                                  f"scaling.min_workers={world_size}", f"scaling.max_workers={world_size}"])
         chosen = choose_model(cfg.model, SPEC)
         torch.manual_seed(0)

@@ -14,39 +14,14 @@ import raydl
 from raydl.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-
-OWN_MODEL = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-import raydl
-
-class Net(nn.Module):
-    def __init__(self, d_in, hidden, classes):
-        super().__init__()
-        self.inp = nn.Sequential(nn.Flatten(), nn.Linear(d_in, hidden), nn.ReLU())
-        self.out = nn.Linear(hidden, classes)
-
-    def forward(self, x):
-        return self.out(self.inp(x))
-
-def build(options, meta):
-    c, h, w = meta["image_shape"]
-    return Net(c * h * w, options.get("hidden", 32), meta["num_classes"])
-
-def make_spec():
-    return raydl.ModelSpec(name="own_net", build=build, loss=F.cross_entropy, blocks=("inp", "out"), task="images",
-                           inputs_targets=lambda b: (b["image"].float() / 255.0, b["label"].long()),
-                           example_inputs=lambda meta, n: torch.rand(n, *meta["image_shape"]),
-                           columns=("image", "label"))
-"""
+ASSET = REPO / "tests" / "assets" / "own_net.py"
 
 
 @pytest.fixture
 def own_model_dir(tmp_path, monkeypatch):
     """mymodels/net.py in a fresh directory that is the working directory, as a user would have it."""
     (tmp_path / "mymodels").mkdir()
-    (tmp_path / "mymodels" / "net.py").write_text(OWN_MODEL)
+    (tmp_path / "mymodels" / "net.py").write_text(ASSET.read_text())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield tmp_path
@@ -56,8 +31,8 @@ def own_model_dir(tmp_path, monkeypatch):
 
 def _sets(tmp_path: Path, data_cache: Path, steps: int) -> list[str]:
     return [f"data.cache_dir={data_cache}", f"run.runs_dir={tmp_path / 'runs'}", f"train.max_steps={steps}",
-            "data.builtin_samples=4096", "train.warmup_steps=5", "telemetry.report_every=10", f"checkpoint.every_steps={steps}",
-            "train.eval_batches=2", "telemetry.progress=false"]
+            "data.builtin_samples=4096", "train.warmup_steps=5", "telemetry.report_every=10",
+            f"checkpoint.every_steps={steps}", "train.eval_batches=2", "telemetry.progress=false"]
 
 
 def _printed_summary(out: str) -> dict:
@@ -123,7 +98,8 @@ def test_examples_train_from_python_script(data_cache, tmp_path):
 def test_import_path_model_in_a_sweep(ray_session, own_model_dir, data_cache):
     """Tune runs each trial in its own directory and process: model.name still imports there."""
     base = {"model": {"name": "mymodels.net:make_spec"}, "run": {"runs_dir": str(own_model_dir / "runs")},
-            "data": {"cache_dir": str(data_cache), "builtin_samples": 4096}, "scaling": {"min_workers": 1, "max_workers": 1},
+            "data": {"cache_dir": str(data_cache), "builtin_samples": 4096},
+            "scaling": {"min_workers": 1, "max_workers": 1},
             "train": {"max_steps": 10, "warmup_steps": 2, "eval_batches": 2},
             "telemetry": {"report_every": 5, "progress": False}, "checkpoint": {"every_steps": 10}}
     summary = raydl.sweep({"base": base, "space": {"train.lr": [0.003, 0.01]}, "objective": "eval_loss"})

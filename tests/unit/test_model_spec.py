@@ -82,7 +82,7 @@ def test_help_lists_the_builtin_options(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
-    for model, options in BUILTIN_OPTIONS.items():
+    for model in BUILTIN_OPTIONS:
         assert f"\n  {model}:" in out
     assert "model.options.layers = 0" in out and "model.options.widths = []" in out
 

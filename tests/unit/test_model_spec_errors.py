@@ -11,50 +11,10 @@ import pytest
 
 from raydl.cli import main
 
-GOOD = """
-import dataclasses
-import torch
-import torch.nn.functional as F
-from torch import nn
-import raydl
-
-@dataclasses.dataclass(kw_only=True)
-class Options:
-    hidden: int = 8
-
-class Net(nn.Module):
-    def __init__(self, d_in, hidden, classes):
-        super().__init__()
-        self.inp = nn.Sequential(nn.Flatten(), nn.Linear(d_in, hidden), nn.ReLU())
-        self.out = nn.Linear(hidden, classes)
-
-    def forward(self, x):
-        return self.out(self.inp(x))
-
-def build(options, meta):
-    c, h, w = meta["image_shape"]
-    return Net(c * h * w, options.hidden, meta["num_classes"])
-
-common = dict(build=build, loss=F.cross_entropy, options=Options, task="images",
-              inputs_targets=lambda b: (b["image"].float() / 255.0, b["label"].long()),
-              example_inputs=lambda meta, n: torch.rand(n, *meta["image_shape"]))
-spec = raydl.ModelSpec(name="err_net", blocks=("inp", "out"), **common)
-plain = raydl.ModelSpec(name="err_plain", **common)
-wrong_blocks = raydl.ModelSpec(name="err_wrong", blocks=("inp", "head"), **common)
-untasked = raydl.ModelSpec(name="err_untasked", build=build, loss=F.cross_entropy,
-                           inputs_targets=common["inputs_targets"], example_inputs=common["example_inputs"])
-needs_column = raydl.ModelSpec(name="err_column", columns=("image", "weight"), **common)
-not_a_spec = 42
-
-def make():
-    return spec
-
-def broken():
-    raise ValueError("no weights here")
-"""
-
-MODULES = {"errmodels/good.py": GOOD, "errmodels/boom.py": "raise RuntimeError('boom at import')\n",
-           "errmodels/syntax.py": "def f(:\n", "errmodels/needs_dep.py": "import package_that_is_not_there\n"}
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+MODULES = {"mymodels/net.py": (ASSETS / "own_net.py").read_text(),
+           "mymodels/boom.py": "raise RuntimeError('boom at import')\n", "mymodels/syntax.py": "def f(:\n",
+           "mymodels/needs_dep.py": "import package_that_is_not_there\n"}
 
 
 @pytest.fixture
@@ -65,30 +25,30 @@ def models_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))   # the import path raydl adds goes with the test
     yield tmp_path
-    for name in [m for m in sys.modules if m.startswith("errmodels")]:
+    for name in [m for m in sys.modules if m.startswith("mymodels")]:
         del sys.modules[name]
 
 
 @pytest.mark.parametrize("sets, field, says", [
-    (["model.name=errmodels.nothere:spec"], "model.name", "no module 'errmodels.nothere' is importable"),
+    (["model.name=mymodels.nothere:spec"], "model.name", "no module 'mymodels.nothere' is importable"),
     (["model.name=nopackage.good:spec"], "model.name", "no module 'nopackage.good'"),
-    (["model.name=errmodels.good:nothing"], "model.name", "has no attribute 'nothing'"),
-    (["model.name=errmodels.good:not_a_spec"], "model.name", "which is a int, not a raydl.ModelSpec"),
-    (["model.name=errmodels.good:Net"], "model.name", "the class Net, not a raydl.ModelSpec"),
-    (["model.name=errmodels.good:broken"], "model.name", "calling broken() raised ValueError: no weights here"),
-    (["model.name=errmodels.boom:spec"], "model.name", "raised RuntimeError: boom at import"),
-    (["model.name=errmodels.syntax:spec"], "model.name", "raised SyntaxError"),
-    (["model.name=errmodels.needs_dep:spec"], "model.name", "No module named 'package_that_is_not_there'"),
-    (["model.name=errmodels.good"], "model.name", "neither a built-in model"),
+    (["model.name=mymodels.net:nothing"], "model.name", "has no attribute 'nothing'"),
+    (["model.name=mymodels.net:not_a_spec"], "model.name", "which is a int, not a raydl.ModelSpec"),
+    (["model.name=mymodels.net:Net"], "model.name", "the class Net, not a raydl.ModelSpec"),
+    (["model.name=mymodels.net:broken"], "model.name", "calling broken() raised ValueError: no weights here"),
+    (["model.name=mymodels.boom:spec"], "model.name", "raised RuntimeError: boom at import"),
+    (["model.name=mymodels.syntax:spec"], "model.name", "raised SyntaxError"),
+    (["model.name=mymodels.needs_dep:spec"], "model.name", "No module named 'package_that_is_not_there'"),
+    (["model.name=mymodels.net"], "model.name", "neither a built-in model"),
     (["model.name=gtp"], "model.name", "neither a built-in model (gpt, resnet, hf)"),
-    (["model.name=errmodels.good:spec", "model.options.hiden=4"], "model.options.hiden", "not an option"),
-    (["model.name=errmodels.good:make", "model.options.hidden=wide"], "model.options.hidden", "type int"),
-    (["model.name=errmodels.good:spec", "model.size=mini"], "model.size", "has no size option"),
-    (["model.name=errmodels.good:wrong_blocks"], "model.name", "names 'head', which is not a top-level child"),
-    (["model.name=errmodels.good:untasked"], "data.path", "names no task"),
-    (["model.name=errmodels.good:needs_column"], "no column 'weight'", "model 'err_column' reads"),
-    (["model.name=errmodels.good:plain", "parallel.pp_degree=2"], "parallel.pp_degree", "without ModelSpec.blocks"),
-    (["model.name=errmodels.good:plain", "parallel.pp_degree=auto"], "parallel.pp_degree", "without ModelSpec.blocks"),
+    (["model.name=mymodels.net:spec", "model.options.hiden=4"], "model.options.hiden", "not an option"),
+    (["model.name=mymodels.net:make_spec", "model.options.hidden=wide"], "model.options.hidden", "type int"),
+    (["model.name=mymodels.net:spec", "model.size=mini"], "model.size", "has no size option"),
+    (["model.name=mymodels.net:wrong_blocks"], "model.name", "names 'head', which is not a top-level child"),
+    (["model.name=mymodels.net:untasked"], "data.path", "names no task"),
+    (["model.name=mymodels.net:needs_column"], "no column 'weight'", "model 'own_column' reads"),
+    (["model.name=mymodels.net:plain", "parallel.pp_degree=2"], "parallel.pp_degree", "without ModelSpec.blocks"),
+    (["model.name=mymodels.net:plain", "parallel.pp_degree=auto"], "parallel.pp_degree", "without ModelSpec.blocks"),
 ])
 def test_bad_model_exits_2_naming_the_field_before_ray_starts(models_dir, data_cache, sets, field, says, capsys):
     argv = ["train", "--set", f"run.runs_dir={models_dir / 'runs'}", "--set", f"data.cache_dir={data_cache}",
