@@ -25,8 +25,6 @@ if TYPE_CHECKING:   # `import raydl` stays free of torch
     import torch
     from torch import nn
 
-CONTRACT_VERSION = 1
-
 
 def _one_unit_per_sample(meta: dict[str, Any]) -> int:
     return 1
