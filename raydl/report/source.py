@@ -19,6 +19,7 @@ from raydl.tune.report import stitch
 METRICS, SUMMARY, RUN_CONFIG = "metrics.jsonl", "summary.json", "config.yaml"
 SWEEP_FILE, TRIALS_DIR, SWEEP_RESULTS = "sweep.yaml", "trials", "results.json"
 ATTEMPT = re.compile(r"attempt-(\d+)")
+TOTALS = ("device_hours", "cost_usd")   # running totals on every metrics.jsonl line (raydl.telemetry.cost)
 LABEL_CHARS = 80   # a trial's label in the table and the legend
 SOURCE_FORM = "a run directory (runs/<run>, holding metrics.jsonl) or a sweep directory (runs/<sweep>, holding sweep.yaml)"
 
@@ -140,8 +141,23 @@ def _trial(trial_dir: Path, label: str) -> RunCurves:
         if n:
             markers.append(Marker(run.records[0]["step"], "restart", f"resumed ({attempt.name})"))
         markers.extend(run.markers)
-    note = f"summary of {attempts[-1].name}, resumed" if len(attempts) > 1 else "-"
-    return RunCurves(label, stitch([r.records for r in runs]), runs[-1].summary if runs else None, markers, note)
+    if len(runs) < 2:
+        return RunCurves(label, runs[0].records if runs else [], runs[0].summary if runs else None, markers)
+    history = stitch(_totals_over_attempts([r.records for r in runs]))
+    summary = runs[-1].summary and {**runs[-1].summary, **{k: history[-1][k] for k in TOTALS if k in history[-1]}}
+    return RunCurves(label, history, summary, markers, f"figures of {attempts[-1].name}; cost over all attempts")
+
+
+def _totals_over_attempts(attempts: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """Each attempt is a run whose running totals start at 0: carry the earlier attempts' on, so that a trial's
+    curve and last line are what the whole trial spent (as the sweep's cost column counts it)."""
+    carried = []
+    for key in TOTALS:
+        spent = [records[-1].get(key) for records in attempts]
+        if all(_number(x) for x in spent):
+            carried.append((key, [sum(spent[:n]) for n in range(len(spent))]))
+    return [[{**r, **{key: r[key] + before[n] for key, before in carried if _number(r.get(key))}} for r in records]
+            for n, records in enumerate(attempts)]
 
 
 def _trial_labels(sweep_dir: Path) -> dict[str, str]:

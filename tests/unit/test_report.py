@@ -71,10 +71,15 @@ def test_sweep_report_has_a_line_per_trial_with_its_last_attempts_summary(tmp_pa
         assert float(lines[trial]["final loss"]) == pytest.approx(s["final_loss"], rel=1e-3)
         assert float(lines[trial]["samples/s"]) == pytest.approx(s["samples_per_s"], rel=1e-3)
         assert int(lines[trial]["restarts"]) == len(s["restarts"])
-    assert lines["a"]["note"] == "summary of attempt-2, resumed" and lines["failed"]["note"] == "no steps"
+    assert lines["a"]["note"] == "figures of attempt-2; cost over all attempts" and lines["failed"]["note"] == "no steps"
     assert_png(tmp_path / "sweep.png")
     trial_a = report_source.load(sweep).runs[0]
     assert [r["step"] for r in trial_a.records] == list(range(1, 81))   # steps 31-40 once, from attempt 2
+    spent = [report_source.read_metrics(sweep / "trials" / "a" / f"attempt-{n}")[-1]["cost_usd"] for n in (1, 2)]
+    assert spent[1] == summary(sweep / "trials" / "a" / "attempt-2")["cost_usd"]
+    assert float(lines["a"]["cost $"]) == pytest.approx(sum(spent), rel=1e-3)   # the first attempt was paid for too
+    assert trial_a.records[-1]["cost_usd"] == pytest.approx(sum(spent))
+    assert trial_a.records[29]["cost_usd"] < trial_a.records[30]["cost_usd"]     # no drop to 0 where attempt 2 starts
     assert [(m.step, m.text) for m in trial_a.markers] == [(31, "resumed (attempt-2)")]
 
 
