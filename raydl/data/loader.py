@@ -1,12 +1,13 @@
 """Worker-side loader: this rank's rows of each global step, read ahead on a thread.
 
-The rows come from `SplitReader` (raydl.data.shards: pyarrow in this process, data.backend=arrow) or from Ray
-Data read tasks (raydl.data.ray_source, data.backend=ray); both follow raydl.data.order.
+The rows come from `SplitReader` (raydl.data.shards: pyarrow in this process, data.backend=arrow)
+or from Ray Data read tasks (raydl.data.ray_source, data.backend=ray); both follow raydl.data.order.
 The loader yields `StepBatch`es carrying the data position *after* the step, which is what
 a checkpoint records. The time a step waits in `next()` is the data-wait metric.
 
-A shard that cannot be read fails the run with a DataError naming it (the last checkpoint
-stays valid), unless `data.max_bad_shards` allows skipping it: then its rows keep their
+A shard that cannot be read, or does not match its sha256 in the manifest (raydl.data.shards
+checks each one when it first opens it), fails the run with a DataError naming it (the last
+checkpoint stays valid), unless `data.max_bad_shards` allows skipping it: then its rows keep their
 places in the epoch sequence as masked placeholders (id -1, labels -100, which the losses
 ignore), so batch shapes and every other row's position stay the same on every rank and
 after any restart: the remaining rows are still consumed exactly once.
