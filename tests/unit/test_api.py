@@ -17,9 +17,13 @@ from raydl.config import JobConfig
 @pytest.fixture(autouse=True)
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    ray_was_up = _ray_up()   # a slow test before this one in the same session may have started it
     yield tmp_path
-    assert not (tmp_path / "runs").exists()
-    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert not (tmp_path / "runs").exists() and _ray_up() == ray_was_up
+
+
+def _ray_up() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _spec(**fields) -> raydl.ModelSpec:
