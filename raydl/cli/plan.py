@@ -30,12 +30,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from raydl.parallel.profile_here import profile_here
+
     _check_args(args)
     if not any(o.startswith("parallel.pp_degree=") for o in args.overrides):
         args.overrides = ["parallel.pp_degree=auto", *args.overrides]   # list every pp unless one is asked for
     cfg = config_from_args(args)
-    profiled = _profile(cfg)
-    return _plan_cluster(args, cfg, *profiled) if args.cluster else _plan_layouts(args, cfg, *profiled)
+    profiled = profile_here(cfg)
+    return _plan_cluster(args, cfg, profiled) if args.cluster else _plan_layouts(args, cfg, profiled)
 
 
 def _check_args(args) -> None:
@@ -52,56 +54,39 @@ def _check_args(args) -> None:
             raise ConfigError(f"--{flag}", f"is {value}", f"give a positive --{flag}")
 
 
-def _profile(cfg):
-    """(chosen model, dataset info, device, profile measured here)."""
-    import torch
-
-    from raydl.models.choice import choose_model
-    from raydl.parallel.profile import profile_model
-
-    chosen = choose_model(cfg.model)
-    info = chosen.open_dataset(cfg)
-    torch.manual_seed(cfg.train.seed)
-    model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    profile = profile_model(model, chosen.spec, info.meta, micro_batch=cfg.train.micro_batch_size,
-                            precision=cfg.train.precision, device=device)
-    return chosen, info, device, profile
-
-
-def _plan_layouts(args, cfg, chosen, info, device, profile) -> int:
+def _plan_layouts(args, cfg, profiled) -> int:
     from raydl.parallel.mesh import min_micro_batch, plan_layouts
     from raydl.parallel.profile import device_memory_bytes
     from raydl.parallel.search import format_table
 
-    memory = int(args.memory_gb * 2**30) if args.memory_gb else device_memory_bytes(device, args.workers)
+    profile = profiled.measured.profile
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else device_memory_bytes(profiled.device, args.workers)
     best, candidates = plan_layouts(profile, cfg, world_size=args.workers, memory_bytes=memory)
-    print(f"{len(profile.blocks)} blocks profiled on {device.type} at micro-batch {profile.micro_batch}; "
+    print(f"{len(profile.blocks)} blocks profiled on {profiled.device.type} at micro-batch {profile.micro_batch}; "
           f"{memory / 2**30:.1f} GiB per worker; micro-batches below {min_micro_batch(cfg)} not chosen")
     print(format_table(candidates, best))
     return 0
 
 
-def _plan_cluster(args, cfg, chosen, info, device, profile) -> int:
+def _plan_cluster(args, cfg, profiled) -> int:
     import torch
 
     from raydl.parallel import cluster_plan
     from raydl.parallel.profile import device_memory_bytes
-    from raydl.telemetry.cost import CPU, PriceTable
+    from raydl.telemetry.cost import PriceTable
 
     table = PriceTable.load()
     node_types, head_usd = cluster_plan.read_cluster(Path(args.cluster), table, cfg,
                                                      host_memory_bytes=device_memory_bytes(torch.device("cpu"), 1))
-    here = torch.cuda.get_device_name(device) if device.type == "cuda" else CPU
-    profiled_on = table.accelerator(here).name if table.accelerator(here) else here
     steps = args.steps or cfg.train.max_steps
     deadline_s = args.deadline * 3600 if args.deadline else None
-    plan = cluster_plan.plan_cluster(profile, cfg, node_types, steps=steps, profiled_on=profiled_on,
-                                     flops_per_sample=chosen.flops_per_sample(info.meta), head_usd_per_hour=head_usd,
+    measured = profiled.measured
+    plan = cluster_plan.plan_cluster(measured, cfg, node_types, steps=steps, head_usd_per_hour=head_usd,
                                      deadline_s=deadline_s, budget_usd=args.budget)
-    print(f"{len(profile.blocks)} blocks profiled on {profiled_on} at micro-batch {profile.micro_batch}, "
-          f"{cfg.train.precision}; another GPU is taken to run the model's FLOPs at {cluster_plan.GPU_MFU:.0%} of its "
-          f"dense peak; prices: {table.path} (list prices, check them); head ${head_usd:.3f}/h; start-up "
+    print(f"{len(measured.profile.blocks)} blocks profiled on {measured.device} at micro-batch "
+          f"{measured.profile.micro_batch}, {cfg.train.precision}, optimizer step {1e3 * measured.optimizer_s:.1f} ms; "
+          f"another GPU is taken to run the model's FLOPs at {cluster_plan.GPU_MFU:.0%} of its dense peak; prices: "
+          f"{table.path} (list prices, check them); head ${head_usd:.3f}/h; start-up "
           f"{cluster_plan.START_UP_S / 60:.0f} min; assumptions: raydl/parallel/cluster_plan.py")
     print(cluster_plan.format_plan(plan, steps=steps, deadline_s=deadline_s, budget_usd=args.budget))
     return 0

@@ -2,36 +2,41 @@
 
     raydl plan --cluster cluster/aws-gpu.yaml --steps 20000 --deadline 12 --budget 100
 
-For each worker node type of a Ray cluster-launcher config (`NodeType.from_config`), each node count up to
-its cap, and each dp x pp layout of that many workers that the planner (`mesh.plan_layouts`) finds fitting,
-`plan_cluster` predicts the step time and the run's wall time and $, then names the cheapest plan that
-meets the deadline and the fastest within the budget. Pure: the profile comes from the caller.
+For each worker node type of a Ray cluster-launcher config (`read_cluster`), each node count up to its cap,
+and each dp x pp layout of that many workers that the planner (`mesh.plan_layouts`) finds fitting,
+`plan_cluster` predicts the step time and the run's wall time and $, then names the cheapest plan that meets
+the deadline and the fastest within the budget. Pure: what was measured comes from the caller (`Measured`:
+raydl.parallel.profile_here measures it on the device `raydl plan` runs on).
 
 The model, and what it assumes until measured on the node type itself
 ----------------------------------------------------------------------
 Compute
-    The per-block profile measured here (`raydl.parallel.profile`). On a node of the GPU it was measured on,
-    as it is. On another GPU every block takes its share of the measured time of the model's FLOPs at
-    ``GPU_MFU`` of the GPU's dense peak at the run's precision (cluster/prices.yaml `tflops`), and at least
-    ``GPU_BLOCK_FLOOR_S`` forward and twice that backward (kernel launches: small models do not fill a
-    GPU). A precision the GPU lacks (bf16 on a T4) rules the node type out. CPU node types run each
-    worker at the profiled speed (same per-core speed as this machine). The model's FLOPs must be known
-    (ModelSpec.flops_per_sample) to move a profile between devices.
+    The per-block profile and the optimizer step measured here. On a node of the device they were measured
+    on, as they are, divided by the node's ``speed`` (1 unless measured: a worker's speed with all the
+    node's workers busy, relative to the lone profiling process; `raydl bench plan_check` measures it for
+    this machine). On a GPU every block takes its share of the model's FLOPs at ``GPU_MFU`` of the GPU's
+    dense peak at the run's precision (cluster/prices.yaml `tflops`), and at least ``GPU_BLOCK_FLOOR_S``
+    forward and twice that backward (kernel launches: small models do not fill a GPU); the optimizer step
+    moves ``OPTIMIZER_PASSES`` x the parameter bytes at the GPU's memory bandwidth (AdamW reads parameter,
+    gradient and 2 states and writes 3). A precision the GPU lacks (bf16 on a T4) rules the node type out;
+    so does a CPU node type for a profile measured on a GPU. The model's FLOPs must be known
+    (ModelSpec.flops_per_sample) to move a profile to another device.
 Memory
     ``GPU_MEMORY_USABLE`` of the GPU's memory; a CPU node's RAM shared by its workers.
 Links (per direction; `Link`)
     Workers of one node: ``INTRA_NODE[machine.gpu_link]`` (``pcie`` without NVLink, as on g5.12xlarge;
-    ``nvlink``), loopback for CPU workers. Between nodes: the machine's ``network_gbps`` (the provider's
+    ``nvlink``), ``loopback`` for CPU workers. Between nodes: the machine's ``network_gbps`` (the provider's
     nominal figure, "up to" for small instances) at ``NETWORK_EFFICIENCY``, ``NETWORK_LATENCY_S``.
     Ray packs a pipeline's ranks into one node when pp divides the workers per node; otherwise its stage
     boundaries cross the network. Data parallelism crosses the network as soon as there are 2 nodes.
 Step time
-    The cost model's (`cost_model.evaluate`: stages, bubble, P2P at the link above) plus the data-parallel
-    traffic of the wrapper `wrapper_policy` chooses, not overlapped with compute (an upper bound: DDP and
-    FSDP overlap part of it): ring all-reduce, ``2 (dp-1)/dp x gradient bytes`` per step (ddp, replicate);
-    FSDP2 also all-gathers the parameters, forward and backward of every micro-batch without a pipeline
-    (``(2m+1) (dp-1)/dp x bytes``), once per step with one (``2 (dp-1)/dp x bytes``). The optimizer step,
-    data loading and checkpoint saves are not modelled.
+    The cost model's (`cost_model.evaluate`: stages, bubble, P2P at the link above), plus the optimizer step
+    of the rank holding the most parameters (over dp with fsdp, which shards the states), plus the
+    data-parallel traffic of the wrapper `wrapper_policy` chooses, not overlapped with compute (an upper
+    bound: DDP and FSDP overlap part of it): ring all-reduce, ``2 (dp-1)/dp x gradient bytes`` per step
+    (ddp, replicate); FSDP2 also all-gathers the parameters, forward and backward of every micro-batch without
+    a pipeline (``(2m+1) (dp-1)/dp x bytes``), once per step with one (``2 (dp-1)/dp x bytes``). Data
+    loading, reports and checkpoint saves are not modelled.
 Wall time and $
     ``steps x step time + START_UP_S`` (node boot, image pull, worker start); ``$ = wall hours x (nodes x
     the node's $/h + the head's $/h)``, at the prices of cluster/prices.yaml (spot for spot node types).
@@ -59,6 +64,7 @@ GPU_MFU = 0.4                 # share of the dense peak a large model reaches on
 GPU_BLOCK_FLOOR_S = 50e-6     # a block's forward on a GPU takes at least this (backward: twice)
 GPU_MEMORY_USABLE = 0.9       # CUDA context and allocator slack take the rest
 START_UP_S = 300.0            # node boot + image pull + worker start on a cloud (cluster/README.md: minutes)
+OPTIMIZER_PASSES = 7          # AdamW: read parameter, gradient, 2 states; write parameter, 2 states
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,16 @@ INTRA_NODE = {"pcie": Link(12e9, 10e-6),       # PCIe 4.0 x16 through the host b
               "loopback": Link(1e9, 100e-6)}   # gloo over TCP loopback between CPU processes (profile's default)
 NETWORK_EFFICIENCY = 0.8      # TCP/NCCL sockets reach about this share of the line rate
 NETWORK_LATENCY_S = 50e-6     # one hop inside a cloud zone
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What was measured on one device: the per-block profile, the optimizer step of the whole model, its FLOPs."""
+
+    profile: ModelProfile
+    device: str                       # cpu, or a GPU by the price table's name for it
+    optimizer_s: float
+    flops_per_sample: float | None    # None: unknown, the measurements cannot move to another device
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,7 @@ class NodeType:
     network: Link
     usd_per_hour: float | None        # per node; None: no price known
     start_up_s: float = START_UP_S
+    speed: float = 1.0                # a worker's compute speed with all workers busy, relative to the profile
 
     @property
     def device(self) -> str:
@@ -101,7 +118,8 @@ class Prediction:
     nodes: int
     candidate: Candidate
     dp_wrapper: str
-    step_s: float             # the cost model's step + data-parallel traffic
+    step_s: float             # the cost model's step + optimizer + data-parallel traffic
+    optimizer_s: float        # the optimizer step in it
     comm_s: float             # the data-parallel traffic in it
     wall_s: float
     usd: float | None
@@ -140,6 +158,15 @@ def read_cluster(path: Path, table: PriceTable, cfg: JobConfig, *,
                               host_memory_bytes=host_memory_bytes) for name, row in types.items()}
     head_usd = nodes[head].usd_per_hour if head in nodes else None
     return [t for name, t in nodes.items() if name != head], head_usd or 0.0
+
+
+def this_machine(workers: int, *, memory_bytes: int, usd_per_hour: float | None, speed: float = 1.0,
+                 link: Link = INTRA_NODE["loopback"]) -> NodeType:
+    """This machine as one CPU node of `workers` workers, already started (what `raydl bench plan_check` checks),
+    with its measured speed and link."""
+    return NodeType(name="this machine", machine="-", workers=workers, max_nodes=1, spot=False, accelerator=None,
+                    memory_bytes=memory_bytes // workers, intra=link, network=link, usd_per_hour=usd_per_hour,
+                    start_up_s=0.0, speed=speed)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -199,26 +226,32 @@ def _is_spot(row: dict[str, Any], config: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The profile on another device
+# The measurements on another device
 
 
-def device_profile(profile: ModelProfile, node_type: NodeType, *, profiled_on: str, precision: str,
-                   flops_per_sample: float | None) -> ModelProfile:
-    """The profile as one of the node type's devices would measure it (LayoutError: it cannot move there)."""
-    if node_type.device == profiled_on:
-        return profile
-    if node_type.accelerator is None:
-        raise LayoutError(f"its workers are CPUs and the profile was measured on {profiled_on}: profile on a CPU")
-    peak = node_type.accelerator.tflops.get(precision)
-    if peak is None:
-        raise LayoutError(f"{node_type.accelerator.name} has no {precision} (it has "
-                          f"{', '.join(node_type.accelerator.tflops)}): set train.precision to one of those")
-    if not flops_per_sample:
+def on_device(measured: Measured, node_type: NodeType, *, precision: str) -> Measured:
+    """The measurements as one of the node type's workers would make them (LayoutError: they cannot move there)."""
+    profile = measured.profile
+    if node_type.device == measured.device:
+        slower = 1 / node_type.speed
+        blocks = tuple(dataclasses.replace(b, fwd_s=b.fwd_s * slower, bwd_s=b.bwd_s * slower) for b in profile.blocks)
+        return dataclasses.replace(measured, profile=dataclasses.replace(profile, blocks=blocks),
+                                   optimizer_s=measured.optimizer_s * slower)
+    gpu = node_type.accelerator
+    if gpu is None:
+        raise LayoutError(f"its workers are CPUs and the profile was measured on {measured.device}: profile on a CPU")
+    if precision not in gpu.tflops:
+        raise LayoutError(f"{gpu.name} has no {precision} (it has {', '.join(gpu.tflops)}): set train.precision "
+                          f"to one of those")
+    if not measured.flops_per_sample:
         raise LayoutError("the model's FLOPs are unknown (ModelSpec.flops_per_sample), so the profile measured on "
-                          f"{profiled_on} cannot be moved to a {node_type.accelerator.name}: plan on that GPU")
-    measured = sum(b.fwd_s + b.bwd_s for b in profile.blocks)
-    scale = flops_per_sample * profile.micro_batch / (peak * 1e12 * GPU_MFU) / measured
-    return dataclasses.replace(profile, blocks=tuple(_on_gpu(b, scale) for b in profile.blocks))
+                          f"{measured.device} cannot be moved to a {gpu.name}: plan on that GPU")
+    total = sum(b.fwd_s + b.bwd_s for b in profile.blocks)
+    scale = measured.flops_per_sample * profile.micro_batch / (gpu.tflops[precision] * 1e12 * GPU_MFU) / total
+    blocks = tuple(_on_gpu(b, scale) for b in profile.blocks)
+    optimizer_s = OPTIMIZER_PASSES * sum(b.param_bytes for b in profile.blocks) / (gpu.memory_gb_per_s * 1e9)
+    return dataclasses.replace(measured, profile=dataclasses.replace(profile, blocks=blocks), device=gpu.name,
+                               optimizer_s=optimizer_s)
 
 
 def _on_gpu(block: BlockProfile, scale: float) -> BlockProfile:
@@ -234,24 +267,24 @@ def with_link(profile: ModelProfile, link: Link) -> ModelProfile:
 # Predictions
 
 
-def predict(profile: ModelProfile, cfg: JobConfig, node_type: NodeType, nodes: int, *,
+def predict(measured: Measured, cfg: JobConfig, node_type: NodeType, nodes: int, *,
             steps: int, head_usd_per_hour: float = 0.0) -> tuple[Prediction, int]:
     """The fastest fitting layout of `nodes` nodes of this type, and how many layouts were evaluated.
-    `profile` is on the node type's device already (`device_profile`). LayoutError when none fits."""
+    `measured` is on the node type's device already (`on_device`). LayoutError when none fits."""
     world = nodes * node_type.workers
-    inside = with_link(profile, node_type.intra)
-    across = inside if nodes == 1 else with_link(profile, node_type.network)
+    inside = with_link(measured.profile, node_type.intra)
+    across = inside if nodes == 1 else with_link(measured.profile, node_type.network)
     candidates = [c for c in _usable(inside, cfg, world, node_type) if _in_one_node(c.pp, node_type)]
     candidates += [c for c in _usable(across, cfg, world, node_type) if not _in_one_node(c.pp, node_type)]
     if not candidates:
         raise LayoutError(f"no layout of {world} workers fits")
     dp_link = node_type.intra if nodes == 1 else node_type.network
-    best = min((_timed(profile, cfg, c, node_type, dp_link) for c in candidates), key=lambda t: t[0])
-    step_s, comm_s, candidate, wrapper = best
+    timed = [_timed(measured, cfg, c, node_type, dp_link) for c in candidates]
+    step_s, optimizer_s, comm_s, candidate, wrapper = min(timed, key=lambda x: x[0])
     wall_s = steps * step_s + node_type.start_up_s
     usd = None if node_type.usd_per_hour is None else \
         wall_s / 3600 * (nodes * node_type.usd_per_hour + head_usd_per_hour)
-    return Prediction(node_type, nodes, candidate, wrapper, step_s, comm_s, wall_s, usd), len(candidates)
+    return Prediction(node_type, nodes, candidate, wrapper, step_s, optimizer_s, comm_s, wall_s, usd), len(candidates)
 
 
 def _in_one_node(pp: int, node_type: NodeType) -> bool:
@@ -267,13 +300,25 @@ def _usable(profile: ModelProfile, cfg: JobConfig, world: int, node_type: NodeTy
     return [c for c in candidates if c.fits and c.micro_batch >= floor]
 
 
-def _timed(profile: ModelProfile, cfg: JobConfig, candidate: Candidate, node_type: NodeType,
-           link: Link) -> tuple[float, float, Candidate, str]:
-    param_bytes = sum(b.param_bytes for b in profile.blocks)
+def _timed(measured: Measured, cfg: JobConfig, candidate: Candidate, node_type: NodeType,
+           link: Link) -> tuple[float, float, float, Candidate, str]:
+    """(step, optimizer, data-parallel traffic, candidate, wrapper) of one candidate."""
+    profile = measured.profile
+    model_bytes = sum(b.param_bytes for b in profile.blocks)
     wrapper, _ = choose_dp_wrapper(cfg.parallel.dp_wrapper, dp=candidate.dp, pp=candidate.pp,
-                                   param_bytes=param_bytes, memory_bytes=node_type.memory_bytes)
+                                   param_bytes=model_bytes, memory_bytes=node_type.memory_bytes)
+    sharded_over = candidate.dp if wrapper == "fsdp" else 1
+    optimizer_s = measured.optimizer_s * rank_param_bytes(candidate, profile) / model_bytes / sharded_over
     comm_s = dp_traffic_s(candidate, profile, wrapper, link)
-    return candidate.predicted_step_s + comm_s, comm_s, candidate, wrapper
+    return candidate.predicted_step_s + optimizer_s + comm_s, optimizer_s, comm_s, candidate, wrapper
+
+
+def rank_param_bytes(candidate: Candidate, profile: ModelProfile) -> int:
+    """Parameter bytes of the pipeline rank holding the most."""
+    per_rank = [0] * candidate.pp
+    for rank, stage in zip(schedules.stage_ranks(candidate.schedule, candidate.pp), candidate.stages):
+        per_rank[rank] += sum(b.param_bytes for b in profile.blocks[stage.blocks[0]:stage.blocks[1]])
+    return max(per_rank)
 
 
 def dp_traffic_s(candidate: Candidate, profile: ModelProfile, wrapper: str, link: Link) -> float:
@@ -281,32 +326,28 @@ def dp_traffic_s(candidate: Candidate, profile: ModelProfile, wrapper: str, link
     dp = candidate.dp
     if dp == 1:
         return 0.0
-    per_rank = [0] * candidate.pp
-    for rank, stage in zip(schedules.stage_ranks(candidate.schedule, candidate.pp), candidate.stages):
-        per_rank[rank] += sum(b.param_bytes for b in profile.blocks[stage.blocks[0]:stage.blocks[1]])
-    rank_bytes = max(per_rank)
     if wrapper in ("ddp", "replicate") or candidate.pp > 1:
         rounds = 2
     else:                                   # FSDP2 without a pipeline reshards after every forward
         rounds = 2 * candidate.num_microbatches + 1
-    return rounds * (dp - 1) / dp * rank_bytes / link.bytes_per_s + rounds * (dp - 1) * link.latency_s
+    share = (dp - 1) / dp * rank_param_bytes(candidate, profile)
+    return rounds * share / link.bytes_per_s + rounds * (dp - 1) * link.latency_s
 
 
-def plan_cluster(profile: ModelProfile, cfg: JobConfig, node_types: list[NodeType], *, steps: int,
-                 profiled_on: str, flops_per_sample: float | None, head_usd_per_hour: float = 0.0,
-                 deadline_s: float | None = None, budget_usd: float | None = None) -> ClusterPlan:
+def plan_cluster(measured: Measured, cfg: JobConfig, node_types: list[NodeType], *, steps: int,
+                 head_usd_per_hour: float = 0.0, deadline_s: float | None = None,
+                 budget_usd: float | None = None) -> ClusterPlan:
     predictions, ruled_out, evaluated = [], [], 0
     for node_type in node_types:
         try:
-            on_device = device_profile(profile, node_type, profiled_on=profiled_on, precision=cfg.train.precision,
-                                       flops_per_sample=flops_per_sample)
+            there = on_device(measured, node_type, precision=cfg.train.precision)
         except LayoutError as why:
             ruled_out.append(f"{node_type.name}: {why}")
             continue
         fitting = 0
         for nodes in range(1, node_type.max_nodes + 1):
             try:
-                prediction, count = predict(on_device, cfg, node_type, nodes, steps=steps,
+                prediction, count = predict(there, cfg, node_type, nodes, steps=steps,
                                             head_usd_per_hour=head_usd_per_hour)
             except LayoutError:
                 continue
@@ -335,8 +376,8 @@ def _fastest(predictions: list[Prediction], budget_usd: float | None) -> Predict
 
 
 def format_plan(plan: ClusterPlan, *, steps: int, deadline_s: float | None, budget_usd: float | None) -> str:
-    header = ("", "node type", "machine", "spot", "nodes", "workers", "layout", "wrapper", "step ms", "dp comm ms",
-              "wall h", "$")
+    header = ("", "node type", "machine", "spot", "nodes", "workers", "layout", "wrapper", "step ms", "optim ms",
+              "dp comm ms", "wall h", "$")
     rows = [header] + [_plan_row(p, plan) for p in plan.predictions]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -352,7 +393,8 @@ def _plan_row(p: Prediction, plan: ClusterPlan) -> tuple[str, ...]:
     c, t = p.candidate, p.node_type
     mark = ("c" if p is plan.cheapest else "") + ("f" if p is plan.fastest else "")
     return (mark, t.name, t.machine, "yes" if t.spot else "no", str(p.nodes), str(p.workers), search.describe(c),
-            p.dp_wrapper, f"{1e3 * p.step_s:.1f}", f"{1e3 * p.comm_s:.1f}", f"{p.wall_s / 3600:.2f}",
+            p.dp_wrapper, f"{1e3 * p.step_s:.1f}", f"{1e3 * p.optimizer_s:.1f}", f"{1e3 * p.comm_s:.1f}",
+            f"{p.wall_s / 3600:.2f}",
             "-" if p.usd is None else f"{p.usd:.2f}")
 
 

@@ -70,6 +70,7 @@ class Accelerator:
     name: str
     names: tuple[str, ...]
     memory_gib: float
+    memory_gb_per_s: float
     tflops: dict[str, float]     # dense peak per precision; a missing precision is not supported
     attach: Price | None         # $ per GPU attached to a machine (GCP N1); None for built-in GPUs
     host: str | None             # the machine it is attached to when cost.instance_type does not say
@@ -202,6 +203,7 @@ def _accelerator(name: str, row: dict[str, Any], where: str) -> Accelerator:
     tflops = row.get("tflops") or {}
     return Accelerator(name=name, names=tuple(str(n) for n in row.get("names", [name])),
                        memory_gib=_number(row, "memory_gib", where),
+                       memory_gb_per_s=_number(row, "memory_gb_per_s", where),
                        tflops={k: _number(tflops, k, f"{where}.tflops") for k in tflops},
                        attach=_price(row["attach"], f"{where}.attach") if row.get("attach") else None,
                        host=row.get("host"))

@@ -67,17 +67,30 @@ def test_a_kuberay_manifest_or_a_missing_file_is_refused():
         node_types("nowhere.yaml")
 
 
-def test_a_cpu_profile_moves_to_a_gpu_by_the_models_flops_at_the_assumed_share_of_its_peak():
+def measured(device: str = "cpu", *, fwd_ms: float = 10.0, optimizer_ms: float = 0.0,
+             flops_per_sample: float | None = 1e12) -> cp.Measured:
+    return cp.Measured(profile=profile(fwd_ms=fwd_ms), device=device, optimizer_s=optimizer_ms / 1e3,
+                       flops_per_sample=flops_per_sample)
+
+
+def test_cpu_measurements_move_to_a_gpu_by_the_models_flops_and_the_gpus_memory_bandwidth():
     (a10g, *_), _ = node_types("aws-gpu.yaml")
-    here = profile(fwd_ms=10.0)                              # 4 blocks x (10 + 20) ms = 0.12 s per micro-batch
-    flops_per_sample = 1e12
-    moved = cp.device_profile(here, a10g, profiled_on="cpu", precision="bf16", flops_per_sample=flops_per_sample)
-    gpu_s = flops_per_sample * 32 / (TABLE["accelerators"]["A10G"]["tflops"]["bf16"] * 1e12 * cp.GPU_MFU)
-    assert sum(b.fwd_s + b.bwd_s for b in moved.blocks) == pytest.approx(gpu_s)
-    assert moved.blocks[0].bwd_s == pytest.approx(2 * moved.blocks[0].fwd_s)
-    tiny = cp.device_profile(here, a10g, profiled_on="cpu", precision="fp32", flops_per_sample=1e6)
-    assert {(b.fwd_s, b.bwd_s) for b in tiny.blocks} == {(cp.GPU_BLOCK_FLOOR_S, 2 * cp.GPU_BLOCK_FLOOR_S)}
-    assert cp.device_profile(here, a10g, profiled_on="A10G", precision="bf16", flops_per_sample=None) is here
+    here = measured(fwd_ms=10.0, optimizer_ms=30.0)         # 4 blocks x (10 + 20) ms = 0.12 s per micro-batch
+    moved = cp.on_device(here, a10g, precision="bf16")
+    gpu = TABLE["accelerators"]["A10G"]
+    assert sum(b.fwd_s + b.bwd_s for b in moved.profile.blocks) == pytest.approx(
+        1e12 * 32 / (gpu["tflops"]["bf16"] * 1e12 * cp.GPU_MFU))
+    assert moved.profile.blocks[0].bwd_s == pytest.approx(2 * moved.profile.blocks[0].fwd_s)
+    assert moved.optimizer_s == pytest.approx(cp.OPTIMIZER_PASSES * 32 * MIB / (gpu["memory_gb_per_s"] * 1e9))
+    tiny = cp.on_device(measured(flops_per_sample=1e6), a10g, precision="fp32")
+    assert {(b.fwd_s, b.bwd_s) for b in tiny.profile.blocks} == {(cp.GPU_BLOCK_FLOOR_S, 2 * cp.GPU_BLOCK_FLOOR_S)}
+    assert cp.on_device(measured("A10G", flops_per_sample=None), a10g, precision="bf16").profile == here.profile
+
+
+def test_a_node_measured_slower_slows_its_workers_down():
+    busy = cp.this_machine(2, memory_bytes=2**34, usd_per_hour=None, speed=0.5)
+    slowed = cp.on_device(measured(fwd_ms=10.0, optimizer_ms=4.0), busy, precision="fp32")
+    assert slowed.profile.blocks[0].fwd_s == pytest.approx(0.02) and slowed.optimizer_s == pytest.approx(0.008)
 
 
 @pytest.mark.parametrize("precision, flops, message", [("bf16", 1e9, "T4 has no bf16"),
@@ -86,7 +99,9 @@ def test_what_cannot_move_to_a_gpu_says_why(precision, flops, message):
     types, _ = node_types("gcp-gpu.yaml")
     t4 = next(t for t in types if t.device == "T4")
     with pytest.raises(LayoutError, match=message):
-        cp.device_profile(profile(), t4, profiled_on="cpu", precision=precision, flops_per_sample=flops)
+        cp.on_device(measured(flops_per_sample=flops), t4, precision=precision)
+    with pytest.raises(LayoutError, match="profile on a CPU"):
+        cp.on_device(measured("T4"), cp.this_machine(1, memory_bytes=2**34, usd_per_hour=None), precision="fp32")
 
 
 def test_data_parallel_traffic_per_wrapper():
@@ -107,17 +122,18 @@ def test_cheapest_within_the_deadline_and_fastest_within_the_budget():
     steps, plan_cfg = 100_000, cfg("parallel.pp_degree=1")
 
     def plan(**limits):
-        return cp.plan_cluster(profile(fwd_ms=40.0), plan_cfg, types, steps=steps, profiled_on="A10G",
-                               flops_per_sample=None, head_usd_per_hour=head_usd, **limits)
+        return cp.plan_cluster(measured("A10G", fwd_ms=40.0, optimizer_ms=20.0), plan_cfg, types, steps=steps,
+                               head_usd_per_hour=head_usd, **limits)
 
     everything = plan()
     spot = {p.nodes: p for p in everything.predictions if p.node_type.name == "ray.worker.gpu_spot"}
-    # 1 worker: 2 micro-batches of 32 through 4 blocks of 40 + 80 ms, nothing else
-    assert spot[1].step_s == pytest.approx(0.96) and spot[1].wall_s == pytest.approx(steps * 0.96 + cp.START_UP_S)
+    # 1 worker: 2 micro-batches of 32 through 4 blocks of 40 + 80 ms, and the optimizer step
+    assert spot[1].step_s == pytest.approx(0.96 + 0.02)
+    assert spot[1].wall_s == pytest.approx(steps * 0.98 + cp.START_UP_S)
     assert spot[1].usd == pytest.approx(spot[1].wall_s / 3600 * (MACHINES["g5.2xlarge"]["spot"] + head_usd))
-    # 4 nodes: a quarter of the compute, plus DDP's ring all-reduce of 32 MiB over the 10 Gbps network
+    # 4 nodes: a quarter of the compute, the whole optimizer step, DDP's ring all-reduce of 32 MiB over 10 Gbps
     ring = 2 * 3 / 4 * 32 * MIB / (10e9 / 8 * cp.NETWORK_EFFICIENCY) + 2 * 3 * cp.NETWORK_LATENCY_S
-    assert spot[4].comm_s == pytest.approx(ring) and spot[4].step_s == pytest.approx(0.24 + ring)
+    assert spot[4].comm_s == pytest.approx(ring) and spot[4].step_s == pytest.approx(0.24 + 0.02 + ring)
     assert everything.cheapest.usd == min(p.usd for p in everything.predictions)
     assert everything.fastest.wall_s == min(p.wall_s for p in everything.predictions)
     deadline, budget = spot[2].wall_s, spot[1].usd
