@@ -143,6 +143,10 @@ class TelemetrySection:
                            "events, to <run_dir>/tensorboard (a sweep: <sweep_dir>/tensorboard/<trial>); view with "
                            "`tensorboard --logdir runs/`. Needs pip install \"raydl[tensorboard]\" (checked before "
                            "Ray starts); off by default because that extra is optional and metrics.jsonl has it all.")
+    profile_steps: int = _f(0, "Profile N steps with torch.profiler after the warm-up (3 steps) of each worker-group "
+                            "start: a Chrome trace per rank in <run_dir>/profile/rank<r>.json (Perfetto, "
+                            "chrome://tracing) and where each rank's step time goes in <run_dir>/profile/"
+                            "breakdown.json and on stdout; 0 = off. `raydl profile --steps N` is a short run with it.")
 
 
 @dataclass(kw_only=True)
@@ -235,6 +239,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "scaling.cpus_per_worker": (0, None, False, False), "scaling.gpus_per_worker": (0, None, True, False),
     "scaling.max_failures": (-1, None, True, False), "scaling.resize_check_s": (0, None, False, False),
     "scaling.worker_start_timeout_s": (0, None, False, False), "scaling.fit_timeout_s": (0, None, True, False), "telemetry.report_every": (0, None, False, False),
+    "telemetry.profile_steps": (0, None, True, False),
 }
 
 

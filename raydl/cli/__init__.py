@@ -15,7 +15,7 @@ import sys
 
 from raydl.errors import RaydlError
 
-COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "report")
+COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "report", "profile")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,6 +31,7 @@ from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
 from raydl.overrides import build_config
 from raydl.telemetry.nvml import GpuMonitor
+from raydl.telemetry.profiler import StepProfiler, phase
 from raydl.telemetry.records import FinalInfo, WorkerReport
 from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
@@ -155,18 +156,25 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
     Returns the state and the signal that stopped it early (0 = ran to the end)."""
     cfg, layout = w.cfg, w.engine.layout
     batches, saved_on_notice = iter(w.loader), False
+    profiler = StepProfiler(cfg.telemetry.profile_steps, first_step=state.step + 1, last_step=w.total_steps,
+                            run_dir=w.job["run_dir"], session=w.session, layout=layout)
     while state.step < w.total_steps:
-        batch = next(batches)
+        profiler.begin(state.step + 1)
+        with phase("data_wait"):
+            batch = next(batches)
         seed_step(cfg.train.seed, state.step, w.session.rank)
         lr = lr_at(state.step, cfg.train, w.total_steps)
         set_lr(w.optimizer, lr)
-        stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
-        grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
+        with phase("forward_backward"):
+            stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
+        with phase("optimizer"):
+            grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
         record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr,
                                 grad_norm=grad_norm, samples=layout.global_batch, world_size=w.session.world_size,
                                 data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,
                                 gpu=w.gpu.read())
+        profiler.end(state.step)
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
             t_eval = time.perf_counter()
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval

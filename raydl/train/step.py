@@ -13,6 +13,7 @@ from torch import nn
 
 from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import gradient_sync
+from raydl.telemetry.profiler import phase
 from raydl.train.precision import autocast
 
 
@@ -32,11 +33,12 @@ def forward_backward(model: nn.Module, spec: ModelSpec, batches: list[dict[str, 
     losses = []
     for i, batch in enumerate(batches):
         inputs, targets = (t.to(device, non_blocking=True) for t in spec.inputs_targets(batch))
-        with gradient_sync(model, enabled=i == len(batches) - 1), autocast(precision, device):
+        with gradient_sync(model, enabled=i == len(batches) - 1), autocast(precision, device), phase("forward"):
             loss = spec.loss(model(inputs), targets)
         # Mean over micro-batches here, mean over replicas in the DP all-reduce: the full-batch gradient.
         scaled = loss / len(batches)
-        (scaler.scale(scaled) if scaler else scaled).backward()
+        with phase("backward"):
+            (scaler.scale(scaled) if scaler else scaled).backward()
         losses.append(loss.detach())
     return StepStats(loss=float(torch.stack(losses).mean()))  # CPU-GPU sync point, once per step
 
