@@ -42,7 +42,8 @@ def test_pp2_gradients_equal_one_process(family, tmp_path):
 
 
 def _dp_config(model: tuple[str, ...], world_size: int):
-    return load_config(None, [*model, f"train.global_batch_size={dp_parity.GLOBAL}", "train.micro_batch_size=4",
+    return load_config(None, [*model, "parallel.dp_wrapper=fsdp", f"train.global_batch_size={dp_parity.GLOBAL}",
+                              "train.micro_batch_size=4",
                               f"scaling.min_workers={world_size}", f"scaling.max_workers={world_size}",
                               "train.optimizer=sgd", "train.lr=0.1"])
 
