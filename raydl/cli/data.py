@@ -23,6 +23,10 @@ def register(sub) -> None:
                       "byte-level BPE of --vocab-size on the input, saved as tokenizer.json in the dataset) or the "
                       "path of a Hugging Face tokenizer.json with an <|endoftext|> token.")
     prep.add_argument("--vocab-size", type=int, default=8192, help="Vocabulary of --tokenizer bpe (default 8192).")
+    prep.add_argument("--keep-columns", action="store_true", help="parquet: a generic table, every column kept "
+                      "as it is (a parquet table that is not tokens, images or a --column text column is one "
+                      "anyway). Numeric scalars and lists reach the model as tensors; a variable-length list is "
+                      "padded per batch with a <column>_mask.")
     prep.add_argument("--quiet", action="store_true", help="No progress line.")
     prep.set_defaults(func=run_prepare)
 
@@ -39,7 +43,7 @@ def run_prepare(args) -> int:
 
     manifest = prepare(args.kind, args.src, args.out, shard_rows=args.shard_rows, column=args.column,
                        seq_len=args.seq_len, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                       progress=not args.quiet)
+                       keep_columns=args.keep_columns, progress=not args.quiet)
     splits = ", ".join(f"{k} {v['rows']:,} rows / {len(v['shards'])} shard(s)" for k, v in manifest["splits"].items())
     print(f"[raydl] wrote {args.out}: {manifest['task']} data, {splits}")
     return 0

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from raydl.checksum import sha256_file
 from raydl.config import JobConfig
 from raydl.data.builtin import GENERATORS
+from raydl.data.columns import MASK_SUFFIX, VARIABLE, describe
 from raydl.data.manifest import parse_manifest
 from raydl.errors import DataError
 
@@ -239,6 +240,29 @@ def read_footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
     except (OSError, pa.ArrowException) as e:
         raise DataError(f"shard '{path}' cannot be read ({one_line(e)}): it is truncated or not parquet. Fix: re-create the "
                         f"dataset with `raydl data prepare`.") from None
+
+
+def check_columns(info: DatasetInfo, columns: tuple[str, ...], model_name: str) -> None:
+    """Each column a spec reads exists and is one a model can take as a tensor (raydl.data.columns):
+    a DataError naming the first that is not, on the driver, before any worker starts."""
+    if not columns:
+        return
+    fs, _ = info.filesystem()
+    schema = read_footer(fs, info.shard_paths["train"][0]).schema.to_arrow_schema()
+    tensors = describe(schema)
+    masks = {n + MASK_SUFFIX for n, c in tensors.items() if c["shape"] == [VARIABLE]}
+    for name in columns:
+        if name in tensors or name in masks:
+            continue
+        if name not in schema.names:
+            raise DataError(f"dataset '{info.root}' has no column {name!r}, which model '{model_name}' reads "
+                            f"(ModelSpec.columns; the dataset has: {', '.join(schema.names)}). Fix: prepare a "
+                            f"dataset with that column, or read the columns it has.")
+        raise DataError(f"dataset '{info.root}' column {name!r} is {schema.field(name).type}, which model "
+                        f"'{model_name}' reads (ModelSpec.columns) but no model can take as a tensor: raydl "
+                        f"reads integer, float and bool scalars and lists of them. Fix: convert that column to "
+                        f"numbers (e.g. category strings to integer codes) before `raydl data prepare`, or "
+                        f"drop it from the spec's columns.")
 
 
 # What each task's models read: columns (and manifest metadata the model is built from).

@@ -24,8 +24,10 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
+from raydl.data.columns import MASK_SUFFIX, VARIABLE, tensor_shape
 from raydl.data.dataset import DatasetInfo
 from raydl.data.ledger import Ledger
 from raydl.data.order import DataPosition, rank_slice, steps_per_epoch
@@ -43,10 +45,18 @@ class StepBatch:
 
 
 def to_tensors(table: pa.Table, meta: dict) -> dict[str, torch.Tensor]:
+    """Every tensor column (raydl.data.columns) as a tensor; a variable-length list column padded to the
+    batch's longest row, with its `<column>_mask`. Columns no model can read (strings, structs) are left out."""
     out = {}
     for name in table.column_names:
         col = table.column(name).combine_chunks()
-        if pa.types.is_fixed_size_list(col.type):
+        shape = tensor_shape(col.type)
+        if shape is None:
+            continue
+        if shape == [VARIABLE]:
+            out[name], out[name + MASK_SUFFIX] = _padded(col)
+            continue
+        if shape:
             arr = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), col.type.list_size)
         else:
             arr = col.to_numpy(zero_copy_only=False)
@@ -54,6 +64,16 @@ def to_tensors(table: pa.Table, meta: dict) -> dict[str, torch.Tensor]:
     if "image" in out:
         out["image"] = out["image"].view(-1, *meta["image_shape"])
     return out
+
+
+def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, longest) values, zero after each row's end, and the bool mask of the real ones."""
+    lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+    mask = np.arange(int(lengths.max(initial=0)))[None, :] < lengths[:, None]
+    padded = np.zeros(mask.shape, dtype=values.dtype)
+    padded[mask] = values      # row-major: each row's values fill its first `length` places
+    return torch.from_numpy(padded), torch.from_numpy(mask)
 
 
 _PREFETCHERS: list[tuple[threading.Event, threading.Thread]] = []

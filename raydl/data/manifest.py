@@ -29,7 +29,19 @@ def parse_manifest(manifest: Any, where: str) -> tuple[dict[str, Any], dict[str,
             _require(isinstance(meta[key], str), where, key, f"is {meta[key]!r}, not a string")
     if "schema" in meta:
         _require(isinstance(meta["schema"], dict), where, "schema", "is not a mapping of column names")
+    if "columns" in meta:
+        _check_columns(meta["columns"], where)
     return meta, {str(name): _shards(split, f"splits.{name}", where) for name, split in splits.items()}
+
+
+def _check_columns(columns: Any, where: str) -> None:
+    """A table's tensor columns: {name: {"dtype": str, "shape": [] | [size] | [-1]}}."""
+    _require(isinstance(columns, dict), where, "columns", "is not a mapping of column names")
+    for name, column in columns.items():
+        ok = (isinstance(column, dict) and isinstance(column.get("dtype"), str)
+              and isinstance(column.get("shape"), list) and len(column["shape"]) <= 1
+              and all(_is_int(d) and (d > 0 or d == -1) for d in column["shape"]))
+        _require(ok, where, f"columns.{name}", f"is {column!r}, not {{dtype, shape}}")
 
 
 def _shards(split: Any, entry: str, where: str) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@
     raydl data prepare --from jsonl  'logs/*.jsonl'  --column text --out data/logs
     raydl data prepare --from images imagefolder/    --out data/imgs
     raydl data prepare --from parquet tables/        --out data/tables
+    raydl data prepare --from parquet measurements/  --out data/m --keep-columns
 
 Streaming with bounded memory: files are read in chunks (text, parquet batches, lines,
 batches of images) and rows go to a `ShardWriter` that holds at most one shard, so a corpus
@@ -44,8 +45,10 @@ KINDS = ("text", "jsonl", "images", "parquet")
 
 
 def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: str = "text", seq_len: int = 128,
-            tokenizer: str = "bytes", vocab_size: int = 8192, progress: bool = True) -> dict:
-    """Write the dataset; returns its manifest."""
+            tokenizer: str = "bytes", vocab_size: int = 8192, keep_columns: bool = False,
+            progress: bool = True) -> dict:
+    """Write the dataset; returns its manifest. `keep_columns`: a parquet input is a generic table, every
+    column kept (what any table that is not tokens, images or text becomes anyway)."""
     if kind not in KINDS:
         raise DataError(f"--from {kind!r} is not one of {', '.join(KINDS)}. Fix: pick one of them.")
     if shard_rows <= 0 or seq_len <= 0:
@@ -54,7 +57,7 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
     _check_out(out, target)
     files = list_sources(src, kind)
     bar = Progress(len(files), enabled=progress)
-    task = parquet_task(files, column) if kind == "parquet" else {"images": "images"}.get(kind, "text")
+    task = parquet_task(files, column, keep_columns=keep_columns) if kind == "parquet" else {"images": "images"}.get(kind, "text")
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
     try:
         with writing(out):
@@ -71,7 +74,7 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
             meta = {"task": "images", "num_classes": len(classes), "image_shape": [3, IMAGE_SIZE, IMAGE_SIZE],
                     "classes": classes}
         else:
-            rows, meta = parquet_passthrough(files, bar), {}
+            rows, meta = parquet_passthrough(files, bar, check_ids=task != "table"), {}
         splits, stats = write_rows(tmp, rows, shard_rows, bar, out=out)
         if not meta:
             meta = infer_meta(task, pq.read_schema(tmp / splits["train"][0]["file"]), stats)

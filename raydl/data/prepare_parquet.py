@@ -2,7 +2,9 @@
 
 A tokens table (input_ids [+ labels] as fixed-size lists) or an images table (image + label)
 passes through with its columns; a string column given by --column is tokenized like text
-(raydl.data.prepare_text).
+(raydl.data.prepare_text). Any other table (or any table with --keep-columns) is a `table`
+dataset: every column kept, the tensor ones (raydl.data.columns) listed in the manifest's
+`columns` for the model's build.
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raydl.data.columns import MASK_SUFFIX, VARIABLE, describe
 from raydl.data.dataset import IGNORE_LABEL, is_parquet, one_line
 from raydl.data.input_files import Progress
 from raydl.errors import DataError
 
 
-def parquet_task(files: list[Path], column: str) -> str:
-    """tokens or images (passed through), or text (the --column string column is tokenized)."""
+def parquet_task(files: list[Path], column: str, *, keep_columns: bool = False) -> str:
+    """tokens or images (passed through), text (the --column string column is tokenized), or table: any
+    other table, or any table at all with `keep_columns`, passed through with every column."""
     schema = _common_schema(files)
     names = set(schema.names) - {"id"}
+    if keep_columns:
+        return _check_table(files[0], schema)
     if "input_ids" in names:
         _check_fixed_size(files[0], schema, [n for n in ("input_ids", "labels") if n in names])
         return "tokens"
@@ -38,9 +44,22 @@ def parquet_task(files: list[Path], column: str) -> str:
     if column in names and (pa.types.is_string(schema.field(column).type)
                             or pa.types.is_large_string(schema.field(column).type)):
         return "text"
-    raise DataError(f"parquet '{files[0]}' has columns {', '.join(schema.names)}: raydl cannot tell the task. "
-                    f"Fix: provide input_ids/labels (tokens), image/label (images), or a text column via "
-                    f"--column NAME.")
+    return _check_table(files[0], schema)
+
+
+def _check_table(path: Path, schema: pa.Schema) -> str:
+    """A generic table needs a column a model can read, and no column named like another's padding mask."""
+    tensors = describe(schema.remove(schema.get_field_index("id")) if "id" in schema.names else schema)
+    if not tensors:
+        raise DataError(f"parquet '{path}' has columns {', '.join(schema.names)}, none of them numbers (integer, "
+                        f"float or bool scalars, or lists of them), so no model can read it. Fix: add numeric "
+                        f"columns, or give a text column via --column NAME to tokenize it.")
+    clashing = [n for n, c in tensors.items() if c["shape"] == [VARIABLE] and n + MASK_SUFFIX in schema.names]
+    if clashing:
+        raise DataError(f"parquet '{path}' column {clashing[0]} is a variable-length list, whose batches carry a "
+                        f"mask named {clashing[0] + MASK_SUFFIX}, but the table already has a column of that "
+                        f"name. Fix: rename that column.")
+    return "table"
 
 
 def _check_fixed_size(path: Path, schema: pa.Schema, columns: list[str]) -> None:
@@ -95,11 +114,14 @@ def file_batches(path: Path, progress: Progress, columns=None) -> Iterator[pa.Re
     progress.update(files=1)
 
 
-def parquet_passthrough(files: list[Path], progress: Progress) -> Iterator[pa.Table]:
-    keep = [n for n in pq.read_schema(files[0]).names if n != "id"]     # raydl assigns its own stable ids
+def parquet_passthrough(files: list[Path], progress: Progress, *, check_ids: bool = True) -> Iterator[pa.Table]:
+    """Every column but `id` (raydl assigns its own stable ids); token ids and class labels are checked,
+    unless the table is a generic one whose columns mean what its model says."""
+    keep = [n for n in pq.read_schema(files[0]).names if n != "id"]
     for path in files:
         for batch in file_batches(path, progress, keep):
-            _check_ids(path, batch)
+            if check_ids:
+                _check_ids(path, batch)
             yield pa.Table.from_batches([batch])
 
 
@@ -123,6 +145,8 @@ def _check_ids(path: Path, batch: pa.RecordBatch) -> None:
 
 def infer_meta(task: str, schema: pa.Schema, stats: dict) -> dict:
     """Model metadata of a passed-through parquet table, from its schema and the streamed maxima."""
+    if task == "table":
+        return {"task": "table", "columns": describe(schema.remove(schema.get_field_index("id")))}
     if task == "tokens":
         return {"task": "tokens", "vocab_size": int(stats["max_token"]) + 1,
                 "seq_len": schema.field("input_ids").type.list_size}

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
+from raydl.data.columns import is_variable_list, tensor_shape
 from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, one_line, schema_dict
 from raydl.data.order import EpochOrder, RowGroup
 from raydl.errors import DataError
@@ -149,6 +150,10 @@ class SplitReader:
                 n = field.type.list_size
                 values = pa.array(np.full(rows * n, fill), field.type.value_type)
                 columns[field.name] = pa.FixedSizeListArray.from_arrays(values, n)
+            elif is_variable_list(field.type):    # empty rows: all padding, masked out
+                columns[field.name] = pa.array([[]] * rows, field.type)
+            elif tensor_shape(field.type) is None:  # strings, structs: no model reads them
+                columns[field.name] = pa.nulls(rows, field.type)
             else:
                 columns[field.name] = pa.array(np.full(rows, fill), field.type)
         return pa.table(columns, schema=self.schema)

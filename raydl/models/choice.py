@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from raydl.config import JobConfig, ModelSection
-from raydl.data.dataset import DatasetInfo, check_task, open_dataset, resolve_path
-from raydl.errors import ConfigError, DataError
+from raydl.data.dataset import DatasetInfo, check_columns, check_task, open_dataset, resolve_path
+from raydl.errors import ConfigError
 from raydl.models.blocks import BlockModel, num_params
 from raydl.models.build import build_model
 from raydl.models.options import build_options
@@ -42,12 +42,7 @@ class ModelChoice:
         """The dataset holds the task and the columns the spec reads (before any worker starts)."""
         if self.spec.task is not None:
             check_task(info, self.spec.task, self.spec.name)
-        schema = info.meta.get("schema", {})
-        missing = [c for c in self.spec.columns if c not in schema]
-        if missing:
-            raise DataError(f"dataset '{info.root}' has no column {missing[0]!r}, which model '{self.spec.name}' "
-                            f"reads (ModelSpec.columns; the dataset has: {', '.join(schema) or 'none'}). Fix: "
-                            f"prepare a dataset with that column, or read the columns it has.")
+        check_columns(info, self.spec.columns, self.spec.name)
 
     def build(self, meta: dict[str, Any], *, pp_degree: int | str = 1) -> BlockModel:
         """The BlockModel (on the current default device: "meta" counts without allocating)."""
