@@ -19,14 +19,14 @@ import torch
 
 from raydl.errors import ConfigError
 
-FORMATS = ("hf", "pt2")
+FORMATS = ("hf", "pt2", "onnx")
 TOLERANCE = 1e-5   # largest |difference| allowed between the exported model's outputs and raydl's
 
 
 def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Path:
     """Write `source`'s checkpoint to the new directory `out` in format `fmt`; returns `out`."""
     if fmt not in FORMATS:
-        raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}", "use --format hf or pt2")
+        raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}", "use --format hf, pt2 or onnx")
     target = Path(os.path.abspath(out))
     _refuse_existing(out, target)
     from raydl.export.trained import find_trained
@@ -34,8 +34,10 @@ def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Pat
     trained = find_trained(source, config=config)
     if fmt == "hf":
         from raydl.export.hf import HfExport as Writer
-    else:
+    elif fmt == "pt2":
         from raydl.export.pt2 import Pt2Export as Writer
+    else:
+        from raydl.export.onnx import OnnxExport as Writer
     writer = Writer(trained)   # everything is loaded and checked before anything is written
     staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
