@@ -12,9 +12,9 @@ from raydl.cli import main
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from tests.dist.test_hf_parity import assert_export_matches
+from tests.helpers import REPO
 
-LLAMA = ["model.name=hf", "model.options.family=llama", "model.options.layers=3", "model.options.hidden_size=32",
-         "model.options.kv_heads=2"]
+EXAMPLE = REPO / "examples" / "hf_llama_tiny.yaml"   # the README's example, run as it is
 
 
 @pytest.mark.slow
@@ -24,11 +24,8 @@ def test_hf_llama_trains_at_pp2_on_ray_and_exports(tmp_path, ray_session):
     corpus.write_text("".join(f"{i} green trains cross {i % 7} rivers at dawn\n" for i in range(600)))
     assert main(["data", "prepare", str(corpus), "--from", "text", "--out", str(tmp_path / "data"), "--tokenizer",
                  "bpe", "--vocab-size", "320", "--seq-len", "16", "--quiet"]) == 0
-    sets = LLAMA + [f"data.path={tmp_path / 'data'}", f"run.runs_dir={tmp_path / 'runs'}", "train.max_steps=20",
-                    "train.global_batch_size=16", "train.micro_batch_size=4", "parallel.pp_degree=2",
-                    "parallel.schedule=1f1b", "checkpoint.every_steps=10", "telemetry.report_every=10",
-                    "train.eval_batches=2", "telemetry.progress=false"]
-    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
+    sets = [f"data.path={tmp_path / 'data'}", f"run.runs_dir={tmp_path / 'runs'}", "telemetry.progress=false"]
+    assert main(["train", "--config", str(EXAMPLE), *(a for s in sets for a in ("--set", s))]) == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["final_loss"] < summary["first_loss"] - 0.5, summary
