@@ -18,7 +18,6 @@ from raydl.cli import main
 from raydl.data.dataset import check_columns, open_dataset
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
-from raydl.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS, FEATURES, GB = 600, 3, 32
