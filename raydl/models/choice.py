@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from raydl.config import JobConfig, ModelSection
-from raydl.data.dataset import DatasetInfo, check_columns, check_task, open_dataset, resolve_path
+from raydl.data.dataset import (
+    DatasetInfo,
+    check_columns,
+    check_task,
+    open_dataset,
+    resolve_path,
+)
 from raydl.errors import ConfigError
 from raydl.models.blocks import BlockModel, num_params
 from raydl.models.build import build_model
