@@ -24,7 +24,8 @@ asynchronously; the host waits where the step synchronises), beside the device t
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 PARTS = ("forward", "backward", "collective", "send_recv", "bubble", "optimizer", "data_wait", "other")
 RANGE_PREFIX = "raydl."
@@ -155,8 +156,8 @@ HEADINGS = {"forward": "forward", "backward": "backward", "collective": "collect
 def format_table(breakdown: dict[str, Any]) -> str:
     """The breakdown as printed: a row per rank in ms per step, then each rank's top ops."""
     first, last = breakdown["steps"]
-    lines = [f"[raydl] profile of steps {first}-{last}: ms per step, mean over {last - first + 1} steps "
-             f"(traces: {breakdown['dir']}/rank<r>.json; open in https://ui.perfetto.dev or chrome://tracing)",
+    lines = [(f"[raydl] profile of steps {first}-{last}: ms per step, mean over {last - first + 1} steps "
+              f"(traces: {breakdown['dir']}/rank<r>.json; open in https://ui.perfetto.dev or chrome://tracing)"),
              f"{'rank':>4} {'dp':>3} {'pp':>3} {'step':>8} " + " ".join(f"{HEADINGS[p]:>10}" for p in PARTS)]
     for r in breakdown["ranks"]:
         cells = " ".join(f"{r['parts'][p] * 1e3:>10.1f}" for p in PARTS)

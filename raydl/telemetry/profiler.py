@@ -84,8 +84,9 @@ class StepProfiler:
         if rank != 0:
             return
         device = self.session.device
-        breakdown = {"steps": [self.steps.start, self.steps[-1]], "warmup_steps": WARMUP_STEPS, "dir": str(self.out_dir),
-                     "unit": "seconds per step, mean over the profiled steps", "layout": self.layout.to_dict(),
+        breakdown = {"steps": [self.steps.start, self.steps[-1]], "warmup_steps": WARMUP_STEPS,
+                     "dir": str(self.out_dir), "unit": "seconds per step, mean over the profiled steps",
+                     "layout": self.layout.to_dict(),
                      "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "ranks": ranks}
         (self.out_dir / BREAKDOWN_FILE).write_text(json.dumps(breakdown, indent=1))
         print(format_table(breakdown), flush=True)

@@ -5,30 +5,16 @@ nothing. (The checkpoints: tests/unit/test_export.py's save_run, one rank.)"""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from raydl.cli import main
-from tests.unit.test_export import save_run, token_batch
+from tests.unit.test_export import _refused, save_run, token_batch
+from tests.unit.test_model_spec_errors import models_dir  # noqa: F401   (a fixture: mymodels/net.py in the cwd)
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
 NO_EXAMPLE = ("import dataclasses\nfrom mymodels.net import plain\n"
               "spec = dataclasses.replace(plain, name='own_noexample', example_inputs=None)\n")
-
-
-@pytest.fixture
-def models_dir(tmp_path, monkeypatch):
-    """A user's model package in the working directory, as `model.name: mymodels.net:plain` imports it."""
-    (tmp_path / "mymodels").mkdir()
-    (tmp_path / "mymodels" / "net.py").write_text((ASSETS / "own_net.py").read_text())
-    (tmp_path / "mymodels" / "noexample.py").write_text(NO_EXAMPLE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield tmp_path
-    for name in [m for m in sys.modules if m.startswith("mymodels")]:
-        del sys.modules[name]
 
 
 def batches(name: str, meta: dict) -> list[torch.Tensor]:
@@ -62,17 +48,8 @@ def test_onnx_export_runs_in_onnxruntime_with_raydls_outputs(name, models_dir, d
     assert not list(models_dir.glob(".onnx.partial-*"))
 
 
-def _refused(capsys, argv: list[str], out: Path, *words: str) -> None:
-    before = sorted(out.parent.iterdir())
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("raydl: error: ") and "Traceback" not in err and err.count("\n") == 1, err
-    for word in words:
-        assert word in err, (word, err)
-    assert sorted(out.parent.iterdir()) == before   # nothing written, no partial copy left
-
-
 def test_a_model_without_example_inputs_is_refused(models_dir, data_cache, capsys):
+    (models_dir / "mymodels" / "noexample.py").write_text(NO_EXAMPLE)
     save_run(models_dir / "run", ["model.name=mymodels.noexample:spec", f"data.cache_dir={data_cache}"])
     out = models_dir / "onnx"
     _refused(capsys, ["export", str(models_dir / "run"), "--format", "onnx", "--out", str(out)], out,
