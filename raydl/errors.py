@@ -62,3 +62,9 @@ class TrainingDiverged(RaydlError, FloatingPointError):
 
 def _rebuild_diverged(fields: dict) -> TrainingDiverged:
     return TrainingDiverged(**fields)
+
+
+class ClusterLost(RaydlError):
+    """The Ray cluster a run depends on went away mid-run: nothing wrong with the input, exit 1."""
+
+    exit_code = 1

@@ -15,7 +15,8 @@ from typing import Any
 from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.stop import SignalStop, start_stop_request
-from raydl.errors import ConfigError
+from raydl.data.dataset import one_line
+from raydl.errors import ClusterLost, ConfigError
 from raydl.models.spec import ModelSpec
 
 
@@ -43,7 +44,13 @@ def connect(address: str | None, env: dict[str, str]) -> None:
         return
     runtime_env = {"env_vars": env}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        except (ConnectionError, RuntimeError) as e:
+            raise ConfigError("--address", f"{address} names no Ray cluster this process can join ({one_line(e)})",
+                              "check that the cluster is up (`ray status` on its head), the host and GCS port "
+                              "(6379 by default), and its auth token (RAY_AUTH_TOKEN, ~/.ray/auth_token); or drop "
+                              "--address to train on a private local Ray") from None
     else:
         # address="local": a private Ray of this process. Plain ray.init() would join any cluster that
         # `ray start` left on this machine. Loopback node address; Ray 2.60's GCS and raylet still listen on
@@ -179,6 +186,8 @@ def worker_resources(cfg: JobConfig) -> dict[str, float]:
 
 
 def fit(run: PreparedRun, address: str | None):
+    from ray.exceptions import RayActorError, RaySystemError
+
     from raydl.driver.failure_policy import raydl_error_in
 
     connect(address, ray_env(run.cfg))
@@ -189,8 +198,22 @@ def fit(run: PreparedRun, address: str | None):
     try:
         with SignalStop(on_first=lambda signum: stop.request.remote(signum)):
             return build_trainer(run).fit()
+    except (RayActorError, RaySystemError) as e:   # the Train controller itself is gone: its cluster went away
+        raise cluster_lost(run, address, e) from None
     except Exception as e:
         user_error = raydl_error_in(e)
         if user_error is None:
             raise
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
+
+
+def cluster_lost(run: PreparedRun, address: str | None, error: Exception) -> ClusterLost:
+    from raydl.train import checkpoint as ckpt
+
+    where = f"the Ray cluster at {address}" if address else "this process's local Ray"
+    latest = ckpt.find_latest(run.run_dir)
+    saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
+    resume = f"raydl train --resume {run.run_dir}" + (f" --address {address}" if address else "")
+    return ClusterLost(f"{where} went away during the run: Ray Train's controller died ({one_line(error)[:300]}). "
+                       f"{saved.capitalize()}. Fix: bring the cluster back (`ray status` on its head tells) and resume "
+                       f"with `{resume}`.")
