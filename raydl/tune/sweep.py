@@ -32,7 +32,8 @@ from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from raydl.driver import tensorboard
-from raydl.errors import ConfigError
+from raydl.data.dataset import one_line
+from raydl.errors import ClusterLost, ConfigError
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.records import WorkerReport
@@ -261,9 +262,16 @@ def _results_may_lack_metrics():
 
 
 def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
+    from ray.exceptions import RayActorError, RaySystemError
+
     t0 = time.time()
-    with _results_may_lack_metrics():
-        grid = tuner.fit()
+    try:
+        with _results_may_lack_metrics():
+            grid = tuner.fit()
+    except (RayActorError, RaySystemError, ConnectionError) as e:   # Tune's own actors are gone with the cluster
+        raise ClusterLost(f"the Ray cluster of sweep {sweep_dir} went away ({one_line(e)[:300]}). Finished trials and "
+                          f"their checkpoints are in {sweep_dir}. Fix: bring the cluster back and continue with "
+                          f"`raydl sweep --resume {sweep_dir}`.") from None
     completed_file = sweep_dir / COMPLETED_FILE
     completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
     rows = sorted((trial_row(spec, sweep_dir, r, completed) for r in grid), key=lambda r: r["trial"])
