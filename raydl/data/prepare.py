@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raydl.data import tokenizer as tokenizers
+from raydl.data.columns import is_variable_list
 from raydl.data.dataset import ShardWriter, write_manifest
 from raydl.data.input_files import Progress, list_sources, source_root
 from raydl.data.prepare_images import IMAGE_SIZE, image_rows
@@ -135,7 +136,13 @@ def write_rows(root: Path, rows: Iterable[pa.Table], shard_rows: int, bar: Progr
 
 
 def _update_stats(stats: dict, table: pa.Table) -> None:
-    if "input_ids" in table.column_names:
-        stats["max_token"] = max(stats["max_token"], pc.max(pc.list_flatten(table["input_ids"])).as_py() or 0)
-    if "label" in table.column_names:
-        stats["max_label"] = max(stats["max_label"], pc.max(table["label"]).as_py() or 0)
+    """Maxima of the integer token ids and class labels, for a tokens or images table's metadata (a
+    generic table's columns of those names may hold anything, strings included)."""
+    for name, key in (("input_ids", "max_token"), ("label", "max_label")):
+        if name not in table.column_names:
+            continue
+        values = table[name]
+        if pa.types.is_fixed_size_list(values.type) or is_variable_list(values.type):
+            values = pc.list_flatten(values)
+        if pa.types.is_integer(values.type):
+            stats[key] = max(stats[key], pc.max(values).as_py() or 0)

@@ -150,6 +150,15 @@ def test_a_table_no_model_can_read_exits_2_and_writes_nothing(tmp_path, capsys, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
 
 
+def test_a_table_may_name_its_columns_as_raydl_tasks_do(tmp_path):
+    """label and input_ids of a generic table are whatever the user stored: strings, floats, scalars."""
+    table = pa.table({"label": ["cat", "dog"] * 20, "input_ids": np.arange(40.0), "x": np.arange(40)})
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert main(prepare_argv(tmp_path / "t.parquet", tmp_path / "ds", "--keep-columns")) == 0
+    columns = json.loads((tmp_path / "ds" / "manifest.json").read_text())["columns"]
+    assert set(columns) == {"input_ids", "x"}
+
+
 def test_keep_columns_keeps_a_text_table_as_a_table(tmp_path):
     pq.write_table(pa.table({"text": ["hello world"] * 40, "y": np.arange(40.0)}), tmp_path / "t.parquet")
     assert main(prepare_argv(tmp_path / "t.parquet", tmp_path / "ds", "--keep-columns")) == 0
