@@ -52,13 +52,13 @@ def connect(address: str | None, env: dict[str, str]) -> None:
                               "(6379 by default), and its auth token (RAY_AUTH_TOKEN, ~/.ray/auth_token); or drop "
                               "--address to train on a private local Ray") from None
     else:
-        # address="local": a private Ray of this process. Plain ray.init() would join any cluster that
-        # `ray start` left on this machine. Loopback node address; Ray 2.60's GCS and raylet still listen on
-        # all interfaces (hard-coded), protected by Ray's token authentication, which is on by default.
+        # address="local": a private Ray of this process; plain ray.init() would join any cluster that
+        # `ray start` left on this machine. No dashboard. Ray 2.60 cannot bind to loopback: it maps a
+        # 127.0.0.1 node address to the machine's own, and its GCS and raylet listen on all interfaces
+        # (hard-coded), protected by Ray's token authentication, which is on by default.
         # Nothing preempts a private local Ray, and Train's PreemptionWatcher actor only logs an error there.
         os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
-        ray.init(address="local", _node_ip_address="127.0.0.1", runtime_env=runtime_env, include_dashboard=False,
-                 logging_level=logging.WARNING)
+        ray.init(address="local", runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING)
 
 
 def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
