@@ -18,6 +18,7 @@ the end.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -104,8 +105,9 @@ def measure_node(sets: list[str], workers: int) -> tuple[float, cluster_plan.Lin
     busy = statistics.median(s for r in ranks for s in r["busy_s"])
     small, big = (statistics.median(r[k] for r in ranks) for k in ("allreduce_small_s", "allreduce_big_s"))
     ring = 2 * (workers - 1)
-    volume = ring / workers * ranks[0]["bytes"]
-    return alone / busy, cluster_plan.Link(bytes_per_s=volume / max(big - small, 1e-9), latency_s=small / ring)
+    # The gradient's all-reduce, latency included, sets the bandwidth: on this busy machine the difference
+    # big - small is often below the noise.
+    return alone / busy, cluster_plan.Link(bytes_per_s=ring / workers * ranks[0]["bytes"] / big, latency_s=small / ring)
 
 
 def _seconds(measured: Measured) -> float:
@@ -115,9 +117,9 @@ def _seconds(measured: Measured) -> float:
 def _node_rank(rank: int, workers: int, port: int, sets: list[str], out_dir: str) -> None:
     """One process of `measure_node`: rank 0 measures alone, then every rank at once (NODE_ROUNDS times); then
     all-reduce timings."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo", rank=rank, world_size=workers)
+    dist.init_process_group("gloo", rank=rank, world_size=workers, timeout=datetime.timedelta(minutes=5))
     cfg = load_config(None, sets)
     try:
         alone, busy = [], []
@@ -132,6 +134,7 @@ def _node_rank(rank: int, workers: int, port: int, sets: list[str], out_dir: str
         result = {"alone_s": alone, "busy_s": busy, "bytes": gradients, "allreduce_small_s": _allreduce_s(1),
                   "allreduce_big_s": _allreduce_s(gradients // 4)}
         (Path(out_dir) / f"rank-{rank}.json").write_text(json.dumps(result))
+        dist.barrier()   # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 

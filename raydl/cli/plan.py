@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, help="World size to plan for (without --cluster).")
     p.add_argument("--memory-gb", type=float, help="Memory per worker in GiB (default: this GPU's, or RAM / workers).")
     p.add_argument("--cluster", help="A Ray cluster-launcher config (cluster/aws-gpu.yaml): predict step time, wall "
-                   "time and $ for each node type x node count x layout it allows (model: raydl/parallel/cluster_plan.py).")
+                   "time and $ for each node type x node count x layout it allows (the model and its assumptions: "
+                   "raydl/parallel/cluster_plan.py).")
     p.add_argument("--steps", type=int, help="Optimizer steps of the run (--cluster; default train.max_steps).")
     p.add_argument("--deadline", type=float, help="Hours the run may take (--cluster): names the cheapest plan within.")
     p.add_argument("--budget", type=float, help="Dollars the run may cost (--cluster): names the fastest plan within.")

@@ -2,11 +2,13 @@
 
     raydl plan --cluster cluster/aws-gpu.yaml --steps 20000 --deadline 12 --budget 100
 
-For each worker node type of a Ray cluster-launcher config (`read_cluster`), each node count up to its cap,
-and each dp x pp layout of that many workers that the planner (`mesh.plan_layouts`) finds fitting,
-`plan_cluster` predicts the step time and the run's wall time and $, then names the cheapest plan that meets
-the deadline and the fastest within the budget. Pure: what was measured comes from the caller (`Measured`:
-raydl.parallel.profile_here measures it on the device `raydl plan` runs on).
+For each worker node type of a Ray cluster-launcher config (`read_cluster`: its machine must be in
+cluster/prices.yaml; a node type that names none, as in local-fake.yaml, is planned as unpriced CPU workers at
+this machine's speed), each node count up to its cap, and each dp x pp layout of that many workers that the
+planner (`mesh.plan_layouts`) finds fitting, `plan_cluster` predicts the step time and the run's wall time
+and $, then names the cheapest plan that meets the deadline and the fastest within the budget. Pure: what was
+measured comes from the caller (`Measured`: raydl.parallel.profile_here measures it on the device `raydl plan`
+runs on).
 
 The model, and what it assumes until measured on the node type itself
 ----------------------------------------------------------------------
@@ -55,7 +57,7 @@ from raydl.config import JobConfig
 from raydl.errors import ConfigError, LayoutError
 from raydl.parallel import schedules, search
 from raydl.parallel.cost_model import Candidate
-from raydl.parallel.mesh import plan_layouts
+from raydl.parallel.mesh import min_micro_batch, plan_layouts
 from raydl.parallel.profile import BlockProfile, ModelProfile
 from raydl.parallel.wrapper_policy import choose_dp_wrapper
 from raydl.telemetry.cost import CPU, Accelerator, Node, PriceTable, format_usd
@@ -195,11 +197,11 @@ def _node_type(name: str, row: dict[str, Any], table: PriceTable, cfg: JobConfig
         workers = int(resources.get("CPU", 0) // cfg.scaling.cpus_per_worker)
         memory = (int(machine.memory_gib * 2**30) if machine else host_memory_bytes) // max(1, workers)
         intra = INTRA_NODE["loopback"]
-    network_gbps = machine.network_gbps if machine else 10.0
+    # A node the table does not price is a local/fake one (local-fake.yaml): its "network" is this host's loopback.
+    network = Link(machine.network_gbps * 1e9 / 8 * NETWORK_EFFICIENCY, NETWORK_LATENCY_S) if machine else intra
     return NodeType(name=name, machine=node.name if node else "-", workers=workers, spot=spot,
                     max_nodes=min(int(row.get("max_workers", cap)), cap), accelerator=accelerator,
-                    memory_bytes=memory, intra=intra,
-                    network=Link(network_gbps * 1e9 / 8 * NETWORK_EFFICIENCY, NETWORK_LATENCY_S),
+                    memory_bytes=memory, intra=intra, network=network,
                     usd_per_hour=node.usd_per_hour(spot) if node else None)
 
 
@@ -296,8 +298,7 @@ def _usable(profile: ModelProfile, cfg: JobConfig, world: int, node_type: NodeTy
         _, candidates = plan_layouts(profile, cfg, world_size=world, memory_bytes=node_type.memory_bytes)
     except LayoutError:
         return []
-    floor = max(1, cfg.train.micro_batch_size // 4)
-    return [c for c in candidates if c.fits and c.micro_batch >= floor]
+    return [c for c in candidates if c.fits and c.micro_batch >= min_micro_batch(cfg)]
 
 
 def _timed(measured: Measured, cfg: JobConfig, candidate: Candidate, node_type: NodeType,

@@ -14,7 +14,8 @@ from raydl.tune.sweep import run_sweep
 
 @pytest.mark.slow
 def test_cost_to_target_sweep_prices_every_trial(ray_session, data_cache, tmp_path):
-    base = {"run": {"runs_dir": str(tmp_path / "runs")}, "data": {"cache_dir": str(data_cache), "builtin_samples": 4096},
+    base = {"run": {"runs_dir": str(tmp_path / "runs")},
+            "data": {"cache_dir": str(data_cache), "builtin_samples": 4096},
             "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 1},
             "train": {"max_steps": 10, "warmup_steps": 2, "eval_batches": 2},
             "telemetry": {"report_every": 5, "progress": False}, "checkpoint": {"every_steps": 10},

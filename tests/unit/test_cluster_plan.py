@@ -55,7 +55,8 @@ def test_gcp_t4_nodes_cost_the_machine_plus_the_attached_gpu():
     types, _ = node_types("gcp-gpu.yaml")
     t4 = next(t for t in types if t.name == "ray_worker_t4_spot")
     assert t4.machine == "n1-standard-8+nvidia-tesla-t4" and t4.spot and t4.device == "T4"
-    assert t4.usd_per_hour == pytest.approx(MACHINES["n1-standard-8"]["spot"] + TABLE["accelerators"]["T4"]["attach"]["spot"])
+    t4_attached = TABLE["accelerators"]["T4"]["attach"]["spot"]
+    assert t4.usd_per_hour == pytest.approx(MACHINES["n1-standard-8"]["spot"] + t4_attached)
     l4 = next(t for t in types if t.name == "ray_worker_l4")
     assert (l4.machine, l4.usd_per_hour) == ("g2-standard-8", MACHINES["g2-standard-8"]["on_demand"])
 
