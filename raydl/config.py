@@ -174,8 +174,8 @@ class CostSection:
                             "cheapest listed machine per GPU), a CPU run per core-hour (cpu_core of the table).")
     spot: bool = _f(False, "Price at the table's spot price instead of on-demand (spot prices move; the table's are "
                     "typical levels, to be checked).")
-    prices: dict[str, float] = _f({}, "$ per hour replacing the table's: a machine (per instance-hour), a GPU by any of "
-                                  "its names (per GPU-hour; also one the table lacks, e.g. H100) or cpu_core (per "
+    prices: dict[str, float] = _f({}, "$ per hour replacing the table's: a machine (per instance-hour), a GPU by any "
+                                  "of its names (per GPU-hour; also one the table lacks, e.g. H100) or cpu_core (per "
                                   "core-hour), e.g. --set cost.prices.g5.2xlarge=1.1 or --set cost.prices.H100=2.5.")
 
     def __post_init__(self) -> None:
