@@ -72,7 +72,7 @@ def _plan_layouts(args, cfg, profiled) -> int:
 def _plan_cluster(args, cfg, profiled) -> int:
     import torch
 
-    from raydl.parallel import cluster_plan
+    from raydl.parallel import cluster_plan, cluster_plan_table
     from raydl.parallel.profile import device_memory_bytes
     from raydl.telemetry.cost import PriceTable
 
@@ -89,5 +89,5 @@ def _plan_cluster(args, cfg, profiled) -> int:
           f"another GPU is taken to run the model's FLOPs at {cluster_plan.GPU_MFU:.0%} of its dense peak; prices: "
           f"{table.path} (list prices, check them); head ${head_usd:.3f}/h; start-up "
           f"{cluster_plan.START_UP_S / 60:.0f} min; assumptions: raydl/parallel/cluster_plan.py")
-    print(cluster_plan.format_plan(plan, steps=steps, deadline_s=deadline_s, budget_usd=args.budget))
+    print(cluster_plan_table.format_plan(plan, steps=steps, deadline_s=deadline_s, budget_usd=args.budget))
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 SWEEP_HELP = """sweep file (YAML):
   base: {section: {key: value}}   training config every trial starts from (or base_config: FILE)
   space: {section.key: VALUES}    [a, b] grid | choice([a, b]) | uniform(a, b) | loguniform(a, b) | randint(a, b)
-  objective: time_to_target       eval_loss (after sample_budget) | samples_per_s | time_to_target (needs target_loss)
+  objective: time_to_target       eval_loss (after sample_budget) | samples_per_s | time_to_target | cost_to_target (need target_loss)
   target_loss: 1.8                target_metric: train_loss (mean of 10 steps) | eval_loss (needs train.eval_every)
   lr_scaling: none                none | linear | sqrt: scale train.lr with global batch / base global batch
   sample_budget: 0                samples per trial (max_steps = budget / batch); 0 = base max_steps * base batch
