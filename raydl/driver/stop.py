@@ -31,10 +31,13 @@ class StopRequest:
 
 
 def start_stop_request(name: str):
-    """The named actor the workers ask at each report (imported lazily: torchrun runs without Ray)."""
+    """The named actor the workers ask at each report (imported lazily: torchrun runs without Ray). It lives
+    on the driver's node, like Train's controller, so losing a worker node never takes it along."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(num_cpus=0)(StopRequest).options(name=name).remote()
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0)(StopRequest).options(name=name, scheduling_strategy=here).remote()
 
 
 class SignalStop:

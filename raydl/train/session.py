@@ -70,7 +70,12 @@ class RaySession:
         """The signal the driver got (0 = none), the same on every rank (a barrier: call on every rank)."""
         import ray
 
-        asked = ray.get(ray.get_actor(actor_name).requested.remote()) if actor_name else 0
+        asked = 0
+        if actor_name:
+            try:
+                asked = ray.get(ray.get_actor(actor_name).requested.remote(), timeout=30)
+            except (ValueError, ray.exceptions.RayError):   # gone with the driver: nobody can ask to stop
+                asked = 0
         return agree_on_max(asked, self.device)
 
     def wait_for_restart(self) -> None:
