@@ -55,17 +55,17 @@ class RaydlTrainer(TorchTrainer):
         controller_init_kwargs["failure_policy"] = FailFastOnRaydlErrors(controller_init_kwargs["failure_policy"])
         return super()._initialize_and_run_controller(**controller_init_kwargs)
 
-    state_api = True   # build_trainer says whether this cluster serves Ray's State API
+    private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)
 
     def _create_default_callbacks(self):
-        """Without a State API, Train's PlacementGroupCleaner logs a failed query every second (98 lines in a
-        default run). It removes a run's placement group after its driver dies; a private local Ray dies with
-        the driver anyway."""
+        """Train's PlacementGroupCleaner removes a run's placement group after its driver dies. On a private
+        local Ray, which dies with the driver anyway and has no dashboard, it only logs a failed State API query
+        every second (98 lines in a default run). On a shared cluster it is needed: keep it there."""
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
         callbacks = super()._create_default_callbacks()
-        return callbacks if self.state_api else [c for c in callbacks
-                                                 if not isinstance(c, PlacementGroupCleanerCallback)]
+        return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)] if self.private_ray \
+            else callbacks
 
     def _register_sigint_handler(self, controller) -> None:
         """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.driver.stop`) checkpoints first."""

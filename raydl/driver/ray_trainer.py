@@ -36,6 +36,10 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
     return env
 
 
+# Set in every process of a Ray that raydl started privately for this process (no --address).
+PRIVATE_RAY_ENV = "RAYDL_PRIVATE_RAY"
+
+
 def connect(address: str | None, env: dict[str, str]) -> None:
     import ray
 
@@ -58,6 +62,9 @@ def connect(address: str | None, env: dict[str, str]) -> None:
         # (hard-coded), protected by Ray's token authentication, which is on by default.
         # Nothing preempts a private local Ray, and Train's PreemptionWatcher actor only logs an error there.
         os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+        env = {**env, PRIVATE_RAY_ENV: "1"}   # every process of this cluster (sweep trials too) can tell
+        runtime_env = {"env_vars": env}
+        os.environ[PRIVATE_RAY_ENV] = "1"
         ray.init(address="local", runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING)
 
 
@@ -145,16 +152,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
-    trainer.state_api = has_state_api()
+    trainer.private_ray = os.environ.get(PRIVATE_RAY_ENV) == "1"
     return trainer
-
-
-def has_state_api() -> bool:
-    """Ray's State API is served by the dashboard, which raydl's private local Ray does not start."""
-    import ray
-
-    return bool(ray.get_runtime_context().gcs_address and ray._private.worker.global_worker.node.address_info.get(
-        "webui_url"))
 
 
 def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,
