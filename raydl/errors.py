@@ -34,7 +34,7 @@ class LayoutError(RaydlError, ValueError):
     """A parallel layout that cannot run on this world size or model."""
 
 
-class TrainingDiverged(RaydlError, FloatingPointError):
+class TrainingDivergedError(RaydlError, FloatingPointError):
     """The loss became non-finite. Not bad input, and a restart would only diverge again: exit 1, no retry."""
 
     exit_code = 1
@@ -60,8 +60,8 @@ class TrainingDiverged(RaydlError, FloatingPointError):
         return (_rebuild_diverged, (self.fields,))
 
 
-def _rebuild_diverged(fields: dict) -> TrainingDiverged:
-    return TrainingDiverged(**fields)
+def _rebuild_diverged(fields: dict) -> TrainingDivergedError:
+    return TrainingDivergedError(**fields)
 
 
 class ClusterLost(RaydlError):

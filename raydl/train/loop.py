@@ -26,7 +26,7 @@ from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
 from raydl.driver.tensorboard import events_dir
-from raydl.errors import TrainingDiverged
+from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
 from raydl.overrides import build_config
@@ -214,7 +214,7 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
     for r, loss in zip(records, mean_over_loss_ranks([r.loss for r in records], has_loss, w.session.device)):
         r.loss = loss
         if not math.isfinite(loss):   # every rank sees the same mean, so all ranks stop here together
-            raise TrainingDiverged(step=r.step, loss=loss, lr=r.lr, last_finite=w.last_finite_loss,
+            raise TrainingDivergedError(step=r.step, loss=loss, lr=r.lr, last_finite=w.last_finite_loss,
                                    checkpoint_step=w.last_checkpoint_step, run_dir=w.job["run_dir"],
                                    grad_clip=w.cfg.train.grad_clip, precision=w.cfg.train.precision)
         w.last_finite_loss = (r.step, loss)

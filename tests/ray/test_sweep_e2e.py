@@ -65,7 +65,7 @@ def test_a_diverging_trial_is_recorded_as_infeasible_and_the_others_finish(ray_s
     assert by_lr[3e-3]["status"] == "ok" and by_lr[3e-3]["steps"] == 20
     bad = by_lr[1000.0]
     assert bad["status"] == "infeasible" and bad["eval_loss"] is None
-    assert bad["reason"].startswith("FloatingPointError: training diverged: loss is nan at step"), bad["reason"]
+    assert bad["reason"].startswith("TrainingDivergedError: training diverged at step"), bad["reason"]
     sweep_dir = next((tmp_path / "runs").iterdir())
     results = json.loads((sweep_dir / "results.json").read_text())
     assert results["best"] == by_lr[3e-3]["trial"]

@@ -131,7 +131,7 @@ def test_an_unknown_machine_fails_before_anything_is_written(tmp_path, overrides
 
 @pytest.mark.parametrize("value", ["-1", "nan", "cheap", "true"])
 def test_a_price_must_be_a_number(value):
-    with pytest.raises(ConfigError, match=rf"'cost.prices.A10G' is .*not a price"):
+    with pytest.raises(ConfigError, match=r"'cost.prices.A10G' is .*not a price"):
         load_config(None, [f"cost.prices.A10G={value}"])
 
 

@@ -10,11 +10,11 @@ from ray.train.v2._internal.execution.failure_handling import DefaultFailurePoli
 from ray.train.v2.api.exceptions import WorkerGroupError
 
 from raydl.driver.failure_policy import FailFastOnRaydlErrors, raydl_error_in
-from raydl.errors import DataError, TrainingDiverged
+from raydl.errors import DataError, TrainingDivergedError
 
 
-def diverged() -> TrainingDiverged:
-    return TrainingDiverged(step=7, loss=float("nan"), lr=3e-3, last_finite=(6, 2.5), checkpoint_step=5,
+def diverged() -> TrainingDivergedError:
+    return TrainingDivergedError(step=7, loss=float("nan"), lr=3e-3, last_finite=(6, 2.5), checkpoint_step=5,
                             run_dir="runs/x", grad_clip=1.0, precision="fp16")
 
 
@@ -39,6 +39,6 @@ def test_raydl_errors_raise_at_once_others_retry():
 def test_diverged_error_is_one_paragraph_that_survives_pickling():
     error = raydl_error_in(WorkerGroupError("bad", {0: as_worker_failure(diverged())}))
     text = str(error)
-    assert isinstance(error, TrainingDiverged) and error.exit_code == 1
+    assert isinstance(error, TrainingDivergedError) and error.exit_code == 1
     assert "\n" not in text and "step 7" in text and "2.5000 at step 6" in text and "step 5 is kept" in text
     assert "--resume runs/x" in text and "bf16 instead of fp16" in text and "train.lr" in text
