@@ -168,6 +168,9 @@ def test_asha_stops_on_samples_seen_so_batch_sizes_compare_fairly():
 
 @pytest.mark.parametrize("asha", [{"reduction_factor": 2}, {"grace_samples": 1}, {"grace_samples": 6399}])
 def test_every_asha_setting_parse_sweep_accepts_builds_the_scheduler(asha):
+    from ray.tune.schedulers import ASHAScheduler
+
     from raydl.tune.sweep import _asha
 
-    _asha(parse_sweep(sweep(asha=asha, base={"train": {"max_steps": 100}})))   # ASHAScheduler asserts the rest
+    scheduler = _asha(parse_sweep(sweep(asha=asha, base={"train": {"max_steps": 100}})))   # ASHA asserts the rest
+    assert isinstance(scheduler, ASHAScheduler)
