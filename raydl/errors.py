@@ -7,6 +7,11 @@ traceback means a bug in raydl, not in the user's input.
 from __future__ import annotations
 
 
+def one_line(error: BaseException) -> str:
+    """A library's error message on one line (Arrow's and Ray's run over several), for a one-paragraph error."""
+    return " ".join(str(error).split())
+
+
 class RaydlError(Exception):
     """An error in the user's input (config, data, checkpoint, CLI); exit code 2."""
 

@@ -28,7 +28,7 @@ from raydl.config import JobConfig
 from raydl.data.builtin import GENERATORS
 from raydl.data.columns import MASK_SUFFIX, VARIABLE, describe
 from raydl.data.manifest import parse_manifest
-from raydl.errors import DataError
+from raydl.errors import DataError, one_line
 
 FORMAT = "raydl-parquet/1"
 ROW_GROUP_ROWS = 256
@@ -225,11 +225,6 @@ def open_dataset(path: str) -> DatasetInfo:
     if "schema" not in manifest:   # manifests written before raydl recorded it: read the first footer
         manifest["schema"] = schema_dict(read_footer(fs, files[0]).schema.to_arrow_schema())
     return info
-
-
-def one_line(error: Exception) -> str:
-    """An Arrow or library error message on one line (Arrow's run over several), for a one-paragraph DataError."""
-    return " ".join(str(error).split())
 
 
 def read_footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
-from raydl.data.dataset import DatasetInfo, one_line, open_dataset
+from raydl.data.dataset import DatasetInfo, open_dataset
 from raydl.data.tokenizer import decoder
-from raydl.errors import DataError
+from raydl.errors import DataError, one_line
 
 
 def inspect(path: str, *, verify: bool = False) -> dict[str, Any]:

@@ -13,9 +13,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from raydl.data.dataset import one_line
 from raydl.data.input_files import Progress
-from raydl.errors import DataError
+from raydl.errors import DataError, one_line
 
 IMAGE_SIZE = 32
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff"}

@@ -19,9 +19,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raydl.data.columns import MASK_SUFFIX, VARIABLE, describe
-from raydl.data.dataset import IGNORE_LABEL, is_parquet, one_line
+from raydl.data.dataset import IGNORE_LABEL, is_parquet
 from raydl.data.input_files import Progress
-from raydl.errors import DataError
+from raydl.errors import DataError, one_line
 
 
 def parquet_task(files: list[Path], column: str, *, keep_columns: bool = False) -> str:

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
 from raydl.data.columns import is_variable_list, tensor_shape
-from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, one_line, schema_dict
+from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, schema_dict
 from raydl.data.order import EpochOrder, RowGroup
-from raydl.errors import DataError
+from raydl.errors import DataError, one_line
 
 OPEN_SHARDS = 64
 

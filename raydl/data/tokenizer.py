@@ -16,8 +16,7 @@ from typing import Iterable
 
 import numpy as np
 
-from raydl.data.dataset import one_line
-from raydl.errors import DataError
+from raydl.errors import DataError, one_line
 
 EOS_TOKEN = "<|endoftext|>"
 BYTE_EOS = 256

@@ -15,8 +15,7 @@ from typing import Any
 from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.stop import SignalStop, start_stop_request
-from raydl.data.dataset import one_line
-from raydl.errors import ClusterLost, ConfigError
+from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
 
 

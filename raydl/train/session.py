@@ -49,6 +49,7 @@ class RaySession:
         self.local_rank = ctx.get_local_rank()
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
+        self._stop_actor = None             # the driver's stop request, looked up at the first report
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
@@ -73,7 +74,8 @@ class RaySession:
         asked = 0
         if actor_name:
             try:
-                asked = ray.get(ray.get_actor(actor_name).requested.remote(), timeout=30)
+                self._stop_actor = self._stop_actor or ray.get_actor(actor_name)   # one name lookup per group
+                asked = ray.get(self._stop_actor.requested.remote(), timeout=30)
             except (ValueError, ray.exceptions.RayError):   # gone with the driver: nobody can ask to stop
                 asked = 0
         return agree_on_max(asked, self.device)

@@ -32,8 +32,7 @@ from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from raydl.driver import tensorboard
-from raydl.data.dataset import one_line
-from raydl.errors import ClusterLost, ConfigError
+from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.records import WorkerReport

@@ -128,7 +128,7 @@ def test_pt2_export_loads_in_a_python_without_raydl(tmp_path, data_sets):
     assert done.stdout.strip() == str((2, meta["seq_len"], meta["vocab_size"]))
 
 
-def _refused(capsys, argv: list[str], out: Path, *words: str) -> None:
+def assert_refused(capsys, argv: list[str], out: Path, *words: str) -> None:
     before = sorted(out.parent.iterdir())
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -142,13 +142,13 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, data_sets, capsys):
     save_run(tmp_path / "gpt", ["model.name=gpt"] + data_sets)
     out = tmp_path / "out"
     export = ["export", "--out", str(out), "--format"]
-    _refused(capsys, export + ["hf", str(tmp_path / "missing")], out, "does not exist")
+    assert_refused(capsys, export + ["hf", str(tmp_path / "missing")], out, "does not exist")
     (tmp_path / "empty").mkdir()
-    _refused(capsys, export + ["hf", str(tmp_path / "empty")], out, "holds no usable raydl checkpoint")
-    _refused(capsys, export + ["hf", str(tmp_path / "gpt")], out, "--format", "model 'gpt'", "pt2")
+    assert_refused(capsys, export + ["hf", str(tmp_path / "empty")], out, "holds no usable raydl checkpoint")
+    assert_refused(capsys, export + ["hf", str(tmp_path / "gpt")], out, "--format", "model 'gpt'", "pt2")
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    _refused(capsys, export + ["pt2", str(tmp_path / "gpt")], out, "--out", "not an empty directory")
+    assert_refused(capsys, export + ["pt2", str(tmp_path / "gpt")], out, "--out", "not an empty directory")
     assert (out / "keep.txt").read_text() == "mine"
 
 
@@ -158,7 +158,7 @@ def test_a_checkpoint_outside_its_run_needs_the_runs_config(tmp_path, data_sets,
     moved.parent.mkdir(parents=True)
     (tmp_path / "run" / "train" / ckpt.checkpoint_name(1)).rename(moved)
     out = tmp_path / "out"
-    _refused(capsys, ["export", str(moved), "--format", "hf", "--out", str(out)], out, "config.yaml", "--config")
+    assert_refused(capsys, ["export", str(moved), "--format", "hf", "--out", str(out)], out, "config.yaml", "--config")
     assert main(["export", str(moved), "--format", "hf", "--out", str(out), "--config",
                  str(tmp_path / "run" / "config.yaml")]) == 0
     assert (out / "model.safetensors").is_file()
@@ -170,5 +170,5 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error(tmp_path, data_sets, capsys)
     shard = next(checkpoint.glob("__0_*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-10])
     out = tmp_path / "out"
-    _refused(capsys, ["export", str(checkpoint), "--format", "pt2", "--out", str(out)], out, "not usable",
+    assert_refused(capsys, ["export", str(checkpoint), "--format", "pt2", "--out", str(out)], out, "not usable",
              "checksum")

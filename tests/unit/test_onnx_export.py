@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raydl.cli import main
-from tests.unit.test_export import _refused, save_run, token_batch
+from tests.unit.test_export import assert_refused, save_run, token_batch
 from tests.unit.test_model_spec_errors import models_dir  # noqa: F401   (a fixture: mymodels/net.py in the cwd)
 
 NO_EXAMPLE = ("import dataclasses\nfrom mymodels.net import plain\n"
@@ -52,7 +52,7 @@ def test_a_model_without_example_inputs_is_refused(models_dir, data_cache, capsy
     (models_dir / "mymodels" / "noexample.py").write_text(NO_EXAMPLE)
     save_run(models_dir / "run", ["model.name=mymodels.noexample:spec", f"data.cache_dir={data_cache}"])
     out = models_dir / "onnx"
-    _refused(capsys, ["export", str(models_dir / "run"), "--format", "onnx", "--out", str(out)], out,
+    assert_refused(capsys, ["export", str(models_dir / "run"), "--format", "onnx", "--out", str(out)], out,
              "model.name", "'own_noexample'", "no example_inputs", "Fix: give the spec example_inputs=")
 
 
@@ -61,5 +61,5 @@ def test_onnx_not_installed_names_the_extra(package, tmp_path, data_cache, capsy
     save_run(tmp_path / "run", ["model.name=resnet", f"data.cache_dir={data_cache}"])
     monkeypatch.setitem(sys.modules, package, None)   # what `import` sees when the package is absent
     out = tmp_path / "onnx"
-    _refused(capsys, ["export", str(tmp_path / "run"), "--format", "onnx", "--out", str(out)], out,
+    assert_refused(capsys, ["export", str(tmp_path / "run"), "--format", "onnx", "--out", str(out)], out,
              "--format", f"'{package}' is not installed", 'pip install "raydl[onnx]"')
