@@ -103,11 +103,13 @@ class Worker:
         return self.engine.layout.coords(self.session.rank)[0]
 
 
-def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
+def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerState]:
+    """`session`: where this worker runs (a sweep trial passes its own); default: Ray Train's, else torchrun's."""
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep, cfg.telemetry.progress,
-                                                            events_dir(cfg, job))
+    if session is None:
+        session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
+                                                                cfg.telemetry.progress, events_dir(cfg, job))
     search_from(job.get("import_dir", ""))     # where the driver imported model.name from
     chosen = choose_model(cfg.model, job.get("model"))
     spec = chosen.spec
@@ -139,9 +141,9 @@ def start_worker(job: dict[str, Any]) -> tuple[Worker, TrainerState]:
                   total_steps, last_checkpoint_step=state.step), state
 
 
-def train_worker(job: dict[str, Any]) -> dict[str, Any]:
+def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
     t_start = time.time()
-    w, state = start_worker(job)
+    w, state = start_worker(job, session)
     state, stopped_by = fit(w, state)
     final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
                       precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
