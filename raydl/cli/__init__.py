@@ -1,5 +1,6 @@
 """`raydl` command line. Each subcommand lives in its own module with `register(subparsers)`.
 
+    raydl [-q | -v] COMMAND ...   (or COMMAND [-q | -v] ...: quiet = warnings and errors only)
     raydl train [--config FILE] [--set section.key=value ...] [--address ADDR] [--resume RUN]
     raydl config show [--config FILE] [--set ...]
     raydl plan | data | sweep | submit | jobs | bench ...
@@ -13,6 +14,7 @@ import argparse
 import importlib
 import sys
 
+from raydl import log
 from raydl.errors import RaydlError
 
 COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "report", "profile")
@@ -20,6 +22,7 @@ COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raydl", description="Elastic data- and pipeline-parallel PyTorch training on Ray.")
+    add_verbosity_args(parser, default=log.DEFAULT)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -29,12 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    for command in sub.choices.values():
+        add_verbosity_args(command, default=argparse.SUPPRESS)   # a command's own -q/-v keeps a global one
     return parser
+
+
+def add_verbosity_args(parser: argparse.ArgumentParser, default) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=log.QUIET, default=default,
+                       help="Only warnings, errors and the command's result (train: the summary JSON).")
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=log.VERBOSE,
+                       default=default, help="Debug lines too, and Ray's own INFO logs.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    log.configure(args.verbosity)
     try:
         return args.func(args) or 0
     except RaydlError as e:
