@@ -12,11 +12,14 @@ import os
 import time
 from typing import Any
 
+from raydl import log as raydl_log
 from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.stop import SignalStop, start_stop_request
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 def ray_env(cfg: JobConfig) -> dict[str, str]:
@@ -27,6 +30,7 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"),
         # After a node loss Ray first retries the stale, larger size until this times out (measured: raydl bench recovery).
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(cfg.scaling.worker_start_timeout_s),
+        **raydl_log.worker_env(),
     }
     # Train patches print() on workers to tee into its logger too: every raydl line would show twice.
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
@@ -64,7 +68,8 @@ def connect(address: str | None, env: dict[str, str]) -> None:
         env = {**env, PRIVATE_RAY_ENV: "1"}   # every process of this cluster (sweep trials too) can tell
         runtime_env = {"env_vars": env}
         os.environ[PRIVATE_RAY_ENV] = "1"
-        ray.init(address="local", runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(address="local", runtime_env=runtime_env, include_dashboard=False,
+                 logging_level=raydl_log.ray_log_level())
 
 
 def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
@@ -105,10 +110,10 @@ def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
     cpus = ray.cluster_resources().get("CPU", 0)
     workers = cfg.scaling.max_workers * cfg.scaling.cpus_per_worker
     if cpus - workers < cfg.data.read_cpus:
-        print(f"[raydl] warning: data.backend=ray: the cluster has {cpus:g} CPUs and {cfg.scaling.max_workers} "
-              f"workers take {workers:g}, which leaves less than data.read_cpus={cfg.data.read_cpus:g} for Ray Data's "
-              f"read tasks; training waits until a CPU frees up. Fix: lower scaling.cpus_per_worker or "
-              f"scaling.max_workers, lower data.read_cpus, add CPUs, or use data.backend=arrow.", flush=True)
+        log.warning(f"data.backend=ray: the cluster has {cpus:g} CPUs and {cfg.scaling.max_workers} "
+                    f"workers take {workers:g}, which leaves less than data.read_cpus={cfg.data.read_cpus:g} for Ray "
+                    f"Data's read tasks; training waits until a CPU frees up. Fix: lower scaling.cpus_per_worker or "
+                    f"scaling.max_workers, lower data.read_cpus, add CPUs, or use data.backend=arrow.")
 
 
 def use_gpu(cfg: JobConfig) -> bool:
@@ -147,8 +152,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             # Also when connecting to a Ray that was started with another runtime env.
             worker_runtime_env={"env_vars": ray_env(cfg)},
             callbacks=[MetricsCallback(str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job)), *callbacks],
-            # Ray logs every report's full metrics at INFO; raydl prints its own progress line.
-            logging_config=LoggingConfig(log_level="WARNING"),
+            # Ray logs every report's full metrics at INFO; raydl logs its own progress line.
+            logging_config=LoggingConfig(log_level=logging.getLevelName(raydl_log.ray_log_level())),
         ),
     )
     trainer.private_ray = os.environ.get(PRIVATE_RAY_ENV) == "1"
@@ -159,13 +164,14 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
                  model: ModelSpec | None = None) -> dict[str, Any]:
     """`model`: a spec object that replaces the one model.name names (raydl.train(model=...))."""
     t0 = time.time()
+    raydl_log.ensure_configured()
     run = prepare_run(cfg, resume=resume, model=model)
-    print(f"[raydl] run directory: {run.run_dir}", flush=True)
+    log.info(f"run directory: {run.run_dir}")
     try:
         result = fit(run, address)
     except BaseException:
         if remove_if_never_started(run.run_dir):
-            print(f"[raydl] removed {run.run_dir}: the run failed before its first step", flush=True)
+            log.info(f"removed {run.run_dir}: the run failed before its first step")
         raise
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -173,8 +179,8 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
                    run_dir=str(run.run_dir))
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
-        print(f"[raydl] stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
-              f"raydl train --resume {run.run_dir}", flush=True)
+        log.info(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
+                 f"raydl train --resume {run.run_dir}")
     return summary
 
 
