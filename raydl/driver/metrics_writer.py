@@ -8,19 +8,23 @@ record: world sizes, layouts, restarts and device-hours with their cost (raydl.t
 from __future__ import annotations
 
 import json
+import logging
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
+from raydl import log as raydl_log
 from raydl.driver.tensorboard import EventsWriter
 from raydl.telemetry.cost import CostMeter, Pricing, last_line
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
+
+log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None):
         """`events_dir`: also write TensorBoard events there (telemetry.tensorboard)."""
+        raydl_log.ensure_configured()   # it runs in Train's controller actor or a torchrun rank: not the CLI's process
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -85,9 +89,9 @@ class MetricsWriter:
         eta = ""
         if total and r.step_s:
             eta = f" eta {max(0, total - r.step) * statistics.median(x.step_s for x in self.records[-20:]):.0f}s"
-        print(f"[raydl] step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
-              f"{r.samples_per_s:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
-              f"ws {r.world_size} {self.cost.progress()}{eta}", file=sys.stderr, flush=True)
+        log.info(f"step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
+                 f"{r.samples_per_s:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
+                 f"ws {r.world_size} {self.cost.progress()}{eta}")
 
     def summary(self, final: FinalInfo) -> dict[str, Any]:
         recs = self.records

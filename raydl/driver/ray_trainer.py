@@ -179,8 +179,8 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
                    run_dir=str(run.run_dir))
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
-        log.info(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
-                 f"raydl train --resume {run.run_dir}")
+        log.warning(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
+                    f"raydl train --resume {run.run_dir}")
     return summary
 
 

@@ -10,9 +10,11 @@ signal handler (torchrun forwards signals to its children) records it.
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
+
+log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -59,8 +61,8 @@ class SignalStop:
         if self.signum:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"[raydl] {signal.Signals(signum).name}: stopping at the next report with a checkpoint; "
-              f"send it again to stop at once", file=sys.stderr, flush=True)
+        log.warning(f"{signal.Signals(signum).name}: stopping at the next report with a checkpoint; "
+                    f"send it again to stop at once")
         self.on_first(signum)
 
     @property
