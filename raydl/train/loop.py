@@ -11,6 +11,7 @@ checkpoint into that layout, and continue the data sequence where the checkpoint
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from raydl import log as raydl_log
 from raydl.config import JobConfig
 from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
@@ -32,6 +34,7 @@ from raydl.models.registry import search_from
 from raydl.overrides import build_config
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.profiler import StepProfiler, phase
+from raydl.telemetry import startup
 from raydl.telemetry.records import FinalInfo, WorkerReport
 from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
@@ -40,6 +43,10 @@ from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
 from raydl.train.session import RaySession, TorchrunSession, in_ray
 from raydl.train.step import optimizer_step
+
+IMPORTS_DONE = time.time()   # a start-up mark: the worker's raydl and torch imports end here
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,7 +73,7 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint) -> Train
     if scaler and saved.get("scaler"):
         scaler.load_state_dict(saved["scaler"])
     if session.rank == 0:
-        print(f"[raydl] resumed from {path} at step {saved['step']}", flush=True)
+        log.info(f"resumed from {path} at step {saved['step']}")
     return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
 
 
@@ -97,6 +104,7 @@ class Worker:
     total_steps: int
     last_checkpoint_step: int = 0
     last_finite_loss: tuple[int, float] | None = None
+    marks: startup.Marks = dataclasses.field(default_factory=startup.Marks)   # this start's, up to its data
 
     @property
     def dp_rank(self) -> int:
@@ -105,11 +113,14 @@ class Worker:
 
 def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerState]:
     """`session`: where this worker runs (a sweep trial passes its own); default: Ray Train's, else torchrun's."""
+    marks = startup.Marks(worker_process_start=startup.process_start_time() or IMPORTS_DONE,
+                          worker_imports_done=IMPORTS_DONE)
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if session is None:
         session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
                                                                 cfg.telemetry.progress, events_dir(cfg, job))
+    marks.mark("process_group_ready")   # Ray Train sets it up before the train function; torchrun's session here
     search_from(job.get("import_dir", ""))     # where the driver imported model.name from
     chosen = choose_model(cfg.model, job.get("model"))
     spec = chosen.spec
@@ -119,6 +130,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     fingerprint = chosen.fingerprint(model)
     engine = build_engine(model, cfg, spec, session, info.meta)
+    marks.mark("model_built")
     layout = engine.layout
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, session.device)
@@ -129,16 +141,17 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
                         prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
                         backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus,
                         ledger=Ledger.from_config(cfg.debug))
+    marks.mark("data_open")
     clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size,
                       units_per_sample=spec.units_per_sample(info.meta),
                       flops_per_sample=chosen.flops_per_sample(info.meta) or 0.0)   # 0 = unknown
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     if session.rank == 0:
-        print(f"[raydl] world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
-              f"{fingerprint['params'] / 1e6:.2f}M params", flush=True)
+        log.info(f"world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
+                 f"{fingerprint['params'] / 1e6:.2f}M params")
     return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
-                  total_steps, last_checkpoint_step=state.step), state
+                  total_steps, last_checkpoint_step=state.step, marks=marks), state
 
 
 def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
@@ -213,6 +226,10 @@ def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
 def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bool, preempted: bool) -> None:
     """Report the steps since the last report (a barrier on every rank); with a checkpoint if due."""
     records = w.clock.drain()
+    group_start = records[0].step == w.clock.first_step
+    if group_start:
+        records[0].startup = startup.worker_group_marks(w.marks, records[0], w.session.device,
+                                                        w.session.controller_start() if w.session.rank == 0 else None)
     for r, loss in zip(records, mean_over_loss_ranks([r.loss for r in records], has_loss, w.session.device)):
         r.loss = loss
         if not math.isfinite(loss):   # every rank sees the same mean, so all ranks stop here together
@@ -222,7 +239,7 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
         w.last_finite_loss = (r.step, loss)
     message = WorkerReport(records=records if w.session.rank == 0 else [], layout=w.engine.layout.to_dict(),
                            total_steps=w.total_steps, step=state.step,
-                           group_start=records[0].step == w.clock.first_step, preempted=preempted,
+                           group_start=group_start, preempted=preempted,
                            device=torch.cuda.get_device_name(w.session.device) if w.session.device.type == "cuda"
                            else "cpu")   # the driver prices device-hours by it
     if checkpoint_due:
