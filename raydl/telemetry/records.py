@@ -42,6 +42,8 @@ class StepRecord:
     # The run's running totals up to this step, added by the driver's writer (raydl.telemetry.cost).
     device_hours: float | None = None         # GPU-hours, or CPU core-hours on a CPU run
     cost_usd: float | None = None             # None: no price known for the device
+    # A worker group's first step only: its start-up marks (raydl.telemetry.startup), mark -> wall clock.
+    startup: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k != "gpu"}

@@ -21,9 +21,11 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from raydl import log as raydl_log
 from raydl.driver.metrics_writer import MetricsWriter
 from raydl.driver.stop import SignalStop
 from raydl.telemetry.records import WorkerReport
+from raydl.telemetry.startup import process_start_time
 from raydl.train import checkpoint as ckpt
 
 
@@ -43,7 +45,7 @@ class RaySession:
         # (that module names its logger by __file__).
         from ray.train.v2._internal.execution import context as ray_context
 
-        logging.getLogger(ray_context.__file__).setLevel(logging.WARNING)
+        logging.getLogger(ray_context.__file__).setLevel(raydl_log.ray_log_level())
         ctx = ray.train.get_context()
         self.world_size, self.rank = ctx.get_world_size(), ctx.get_world_rank()
         self.local_rank = ctx.get_local_rank()
@@ -62,6 +64,14 @@ class RaySession:
         with contextlib.ExitStack() as stack:
             dirs = [stack.enter_context(c.as_directory()) for c in reversed(reported)]
             yield ckpt.agree_on_first_valid(dirs)
+
+    def controller_start(self) -> float | None:
+        """When the Train controller's process started (a start-up mark), asked of the controller."""
+        import ray
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        controller = get_train_context().controller_actor
+        return ray.get(controller.__ray_call__.remote(lambda _: process_start_time()), timeout=30)
 
     def preemption_notice(self) -> bool:
         """True once a node of this group got a drain/preemption notice (a barrier: call on every rank)."""
@@ -136,6 +146,9 @@ class TorchrunSession:
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
         yield ckpt.agree_on_first_valid([str(c) for c in ckpt.all_complete(self.run_dir)])
+
+    def controller_start(self) -> float | None:
+        return None   # no controller: torchrun starts the ranks itself
 
     def preemption_notice(self) -> bool:
         return False   # torchrun has no drain notices; its restarts resume from the run directory
