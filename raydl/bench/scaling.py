@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     session = harness.Session("scaling", args)
     runs_dir = Path(tempfile.mkdtemp(prefix="raydl-bench-scaling-"))
     sets = [f"train.max_steps={args.steps}", f"checkpoint.every_steps={args.steps}", "telemetry.report_every=50",
-            "telemetry.progress=false", "train.eval_batches=0", *args.overrides]
+            "telemetry.progress=false", "train.eval_batches=1", *args.overrides]
     sides = {"ray_dp1": _ray_side(sets, 1, "auto", runs_dir), "torchrun_dp1": _torchrun_side(sets, 1, "auto", runs_dir)}
     for wrapper in ("auto", *WRAPPERS):
         sides[f"ray_dp2_{wrapper}"] = _ray_side(sets, 2, wrapper, runs_dir)

@@ -58,14 +58,19 @@ class RaydlTrainer(TorchTrainer):
     private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)
 
     def _create_default_callbacks(self):
-        """Train's PlacementGroupCleaner removes a run's placement group after its driver dies. On a private
-        local Ray, which dies with the driver anyway and has no dashboard, it only logs a failed State API query
-        every second (98 lines in a default run). On a shared cluster it is needed: keep it there."""
+        """Two of Train's default callbacks only cost raydl time. Its DatasetsCallback starts a DatasetManager
+        actor at every worker-group start even when the trainer has no datasets (raydl reads its own shards):
+        one more process to spawn on the critical path of every start and restart. Train's
+        PlacementGroupCleaner removes a run's placement group after its driver dies; on a private local Ray,
+        which dies with the driver anyway and has no dashboard, it only logs a failed State API query every
+        second (98 lines in a default run). On a shared cluster it is needed: keep it there."""
+        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-        callbacks = super()._create_default_callbacks()
-        return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)] if self.private_ray \
-            else callbacks
+        unneeded = (DatasetsCallback,) if not self.datasets else ()
+        if self.private_ray:
+            unneeded += (PlacementGroupCleanerCallback,)
+        return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)]
 
     def _register_sigint_handler(self, controller) -> None:
         """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.driver.stop`) checkpoints first."""

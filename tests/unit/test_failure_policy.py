@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from ray import cloudpickle
 
 from ray.exceptions import RayTaskError
@@ -42,3 +43,18 @@ def test_diverged_error_is_one_paragraph_that_survives_pickling():
     assert isinstance(error, TrainingDivergedError) and error.exit_code == 1
     assert "\n" not in text and "step 7" in text and "2.5000 at step 6" in text and "step 5 is kept" in text
     assert "--resume runs/x" in text and "bf16 instead of fp16" in text and "train.lr" in text
+
+
+@pytest.mark.parametrize("private_ray", [True, False])
+def test_no_dataset_manager_without_datasets_and_no_cleaner_on_private_ray(private_ray):
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from raydl.driver.failure_policy import RaydlTrainer
+
+    trainer = RaydlTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=1))
+    trainer.private_ray = private_ray
+    kinds = {type(c) for c in trainer._create_default_callbacks()}
+    assert DatasetsCallback not in kinds
+    assert (PlacementGroupCleanerCallback in kinds) is not private_ray
