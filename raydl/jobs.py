@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -26,6 +27,8 @@ from typing import Iterator, TextIO
 from urllib.parse import urlsplit
 
 from raydl.errors import RaydlError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -263,7 +266,7 @@ class Jobs:
             try:
                 asyncio.run(tail())
             except RuntimeError as e:   # connection dropped mid-stream: the job may still be running
-                print(f"raydl: log stream ended early ({e}); waiting for the job to finish", file=sys.stderr)
+                log.warning(f"log stream ended early ({e}); waiting for the job to finish")
         return self.wait(job_id, TERMINAL)
 
 

@@ -69,7 +69,7 @@ def ensure_configured() -> None:
 
 def current_verbosity() -> int:
     try:
-        return int(os.environ.get(VERBOSITY_ENV, DEFAULT))
+        return int(os.environ.get(VERBOSITY_ENV, str(DEFAULT)))
     except ValueError:   # a stray value in the environment is not worth failing a run for
         return DEFAULT
 

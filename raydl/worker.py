@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
+from raydl import log as raydl_log
+from raydl.cli import add_verbosity_args
 from raydl.driver.prepare import prepare_run
 from raydl.errors import RaydlError
 from raydl.overrides import load_config
 from raydl.train.loop import train_worker
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", help="Run directory (default runs/<run.name>-torchrun); one holding another "
                    "config is refused.")
     p.add_argument("--resume", help="Checkpoint to start from when the run directory has none.")
+    add_verbosity_args(p, default=None)   # None: RAYDL_VERBOSITY, as a launcher may set it for every rank
     args = p.parse_args(argv)
+    raydl_log.configure(args.verbosity)
     rank0 = int(os.environ.get("RANK", 0)) == 0
     try:
         cfg = load_config(args.config, args.overrides)
@@ -45,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=1))
     signum = summary.get("stopped_by_signal", 0)
     if signum:
-        print(f"[raydl] stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; rerun the same "
-              f"command to resume", file=sys.stderr, flush=True)
+        log.warning(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; rerun the same "
+                    f"command to resume")
     return 128 + signum if signum else 0
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+
+log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
@@ -45,7 +48,7 @@ def run_prepare(args) -> int:
                        seq_len=args.seq_len, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                        keep_columns=args.keep_columns, progress=not args.quiet)
     splits = ", ".join(f"{k} {v['rows']:,} rows / {len(v['shards'])} shard(s)" for k, v in manifest["splits"].items())
-    print(f"[raydl] wrote {args.out}: {manifest['task']} data, {splits}")
+    log.info(f"wrote {args.out}: {manifest['task']} data, {splits}")
     return 0
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="Export a checkpoint: --format hf (save_pretrained, model.name=hf), pt2 "
@@ -22,5 +26,5 @@ def run(args) -> int:
     from raydl.export import export
 
     out = export(args.source, fmt=args.fmt, out=args.out, config=args.config)
-    print(f"[raydl] exported {args.source} as {args.fmt} to {out}")
+    log.info(f"exported {args.source} as {args.fmt} to {out}")
     return 0

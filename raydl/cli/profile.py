@@ -7,10 +7,13 @@ Under torchrun, the same with `python -m raydl.worker --set telemetry.profile_st
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from raydl.cli.common import add_config_args, parser_kwargs
 from raydl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
@@ -35,6 +38,6 @@ def run(args) -> int:
     if summary.get("stopped_by_signal"):
         return 128 + summary["stopped_by_signal"]   # stopped before the profile was written
     profile_dir = Path(summary["run_dir"]) / PROFILE_DIR
-    print(f"[raydl] profile: {profile_dir / BREAKDOWN_FILE} (the table above) and a Chrome trace per rank, "
-          f"{profile_dir}/rank<r>.json: open in https://ui.perfetto.dev or chrome://tracing")
+    log.info(f"profile: {profile_dir / BREAKDOWN_FILE} (the table above) and a Chrome trace per rank, "
+             f"{profile_dir}/rank<r>.json: open in https://ui.perfetto.dev or chrome://tracing")
     return 0

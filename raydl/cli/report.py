@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="Print a run's (or each sweep trial's) summary as a table and draw report.png: "
@@ -17,5 +21,5 @@ def run(args) -> int:
 
     source = report.load(args.source)
     print(report.summary_table(source), flush=True)   # the table even where matplotlib is missing
-    print(f"[raydl] wrote {report.write_png(source, args.out)}")
+    log.info(f"wrote {report.write_png(source, args.out)}")
     return 0

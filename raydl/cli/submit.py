@@ -14,11 +14,13 @@ of the working dir is an error. Prints the job id on stdout.
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 import time
 from pathlib import Path
 
 from raydl import job_package, jobs
+
+log = logging.getLogger(__name__)
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
@@ -90,4 +92,4 @@ def run(args) -> int:
 
 def say(message: str) -> None:
     """Human-readable progress goes to stderr; stdout carries only the job id (for scripts)."""
-    print(f"[raydl] {message}", file=sys.stderr, flush=True)
+    log.info(message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import sys
 import time
@@ -11,12 +12,15 @@ from typing import Iterator
 
 from raydl.errors import DataError
 
+log = logging.getLogger(__name__)
+
 
 class Progress:
-    """One self-overwriting stderr line, at most twice a second."""
+    """One self-overwriting stderr line, at most twice a second. Not a log line (it rewrites itself in place),
+    but it shows only where raydl's info lines do (not under --quiet)."""
 
     def __init__(self, total_files: int, enabled: bool = True):
-        self.total, self.enabled = total_files, enabled
+        self.total, self.enabled = total_files, enabled and log.isEnabledFor(logging.INFO)
         self.files = self.rows = self.bytes = 0
         self.t0 = self.t_last = time.time()
 

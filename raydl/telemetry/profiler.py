@@ -14,6 +14,7 @@ gather them and rank 0 writes <run_dir>/profile/breakdown.json and prints the ta
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from raydl.telemetry.profile_breakdown import RANGE_PREFIX, STEP_RANGE, format_table, rank_breakdown
+
+log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3   # a group's first steps are slow: lazy init, pipeline shape inference, allocator growth
 PROFILE_DIR = "profile"
@@ -48,8 +51,8 @@ class StepProfiler:
         self.step_range: record_function | None = None
         self.t_begin = 0.0
         if num_steps and not self.steps and session.rank == 0:
-            print(f"[raydl] telemetry.profile_steps: this worker group runs steps {first_step}-{last_step}, too few "
-                  f"for {WARMUP_STEPS} warm-up steps and one to profile; nothing profiled", flush=True)
+            log.warning(f"telemetry.profile_steps: this worker group runs steps {first_step}-{last_step}, too few "
+                        f"for {WARMUP_STEPS} warm-up steps and one to profile; nothing profiled")
 
     def begin(self, step: int) -> None:
         if step not in self.steps:

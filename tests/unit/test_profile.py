@@ -101,7 +101,7 @@ def test_a_group_too_short_to_profile_says_so(capsys, tmp_path):
         rank = 0
 
     profiler = StepProfiler(3, first_step=1, last_step=3, run_dir=str(tmp_path), session=Session(), layout=None)
-    assert not profiler.steps and "nothing profiled" in capsys.readouterr().out
+    assert not profiler.steps and "nothing profiled" in capsys.readouterr().err
     for step in (1, 2, 3):
         profiler.begin(step)
         profiler.end(step)
