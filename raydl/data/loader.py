@@ -30,7 +30,7 @@ import torch
 from raydl.data.columns import MASK_SUFFIX, VARIABLE, tensor_shape
 from raydl.data.dataset import DatasetInfo
 from raydl.data.ledger import Ledger
-from raydl.data.order import DataPosition, rank_slice, steps_per_epoch
+from raydl.data.order import DataPosition, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
 from raydl.data.shards import SplitReader
 from raydl.errors import DataError
@@ -139,9 +139,8 @@ class StepLoader:
         while True:
             order = self.reader.order(epoch)
             while offset + self.global_batch <= order.num_rows:
-                start, end = rank_slice(offset, global_batch=self.global_batch, dp_rank=self.dp_rank,
-                                        dp_size=self.dp_size)
-                table = self.reader.rows(order, start, end)
+                table = self.reader.gather(order, order.step_runs(offset, global_batch=self.global_batch,
+                                                                  dp_rank=self.dp_rank, dp_size=self.dp_size))
                 yield epoch, preprocess(table, epoch) if preprocess else table
                 offset += self.global_batch
             epoch, offset = epoch + 1, 0
@@ -194,10 +193,12 @@ class StepLoader:
 
 def eval_batches(info: DatasetInfo, *, batch: int, dp_rank: int, dp_size: int, max_batches: int,
                  max_bad_shards: int = 0) -> Iterator[dict]:
-    """The first `max_batches` micro-batches of this rank's share of the eval split, in file order."""
+    """This rank's micro-batches of the eval split's first `max_batches * dp_size` micro-batches (file
+    order): a contiguous run of them, so that a rank decodes only the row groups of its own rows."""
     reader = SplitReader(info, "eval", seed=0, shuffle=False, max_bad_shards=max_bad_shards)
     order = reader.order(0)
-    per_step = batch * dp_size
-    for i in range(min(max_batches, order.num_rows // per_step)):
-        start = i * per_step + dp_rank * batch
+    batches = min(max_batches, order.num_rows // (batch * dp_size))
+    first = dp_rank * batches * batch
+    for i in range(batches):
+        start = first + i * batch
         yield to_tensors(reader.rows(order, start, start + batch), info.meta)

@@ -2,16 +2,27 @@
 
 Exactly once per epoch, across restarts and resizes, comes from one idea: every epoch is
 a single global sequence of rows, and a training step consumes the next `global_batch`
-rows of it, data-parallel rank r taking the r-th contiguous slice. The only state is the
-position in that sequence (`DataPosition`), which does not depend on the world size, so a
-run that restarts with 3 workers instead of 2 continues at the same position: nothing seen
-twice, nothing skipped. A final partial global batch is dropped (drop_last), the same for
-every world size.
+rows of it. The only state is the position in that sequence (`DataPosition`), which does
+not depend on the world size, so a run that restarts with 3 workers instead of 2 continues
+at the same position: nothing seen twice, nothing skipped. A final partial global batch is
+dropped (drop_last), the same for every world size.
 
 Shuffling works at two levels so a row never needs random access: the row groups
-(`ROW_GROUP_ROWS` rows) are permuted, grouped into windows of `WINDOW_ROW_GROUPS`, and the
-rows of each window are permuted together. Same seed and epoch -> same order; the next
-epoch -> a different one.
+(`ROW_GROUP_ROWS` rows) are permuted and dealt to `LANES` lanes (each to the lane with the
+fewest rows so far, so lanes end within one row group of each other), and each row group's
+rows are permuted. The sequence interleaves the lanes round-robin: position j takes the
+next row of lane j mod LANES, continuing over the lanes that still have rows once the
+shortest has ended. A step's rows therefore mix `LANES` row groups. Same seed and epoch ->
+same order; the next epoch -> a different one. Without shuffling there is one lane: file order.
+
+Which rank takes which rows of a step is free (the step's set of rows is fixed): the step's
+positions sorted by (lane, position), rank r takes the r-th contiguous 1/dp of them. When dp
+divides LANES and LANES divides the global batch, each lane gives a step global_batch/LANES
+rows, so rank r takes whole lanes (LANES/dp of them) and decodes only their row groups: 1/dp
+of the data. It decodes more where a lane is shared by two ranks: when dp does not divide
+LANES (dp=3: up to 1/2 of the data instead of 1/3), when LANES does not divide the global
+batch (a lane's rows per step vary by one, so the lane at a rank's edge moves), and at the
+end of the epoch, once the shortest lane has ended (within one row group of the end).
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from functools import cached_property
 
 import numpy as np
 
-WINDOW_ROW_GROUPS = 8
+LANES = 8
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,14 @@ class RowGroup:
 
 
 @dataclass(frozen=True)
+class Run:
+    """`length` consecutive rows of a row group, counted in the group's shuffled order."""
+    group: int
+    start: int
+    length: int
+
+
+@dataclass(frozen=True)
 class EpochOrder:
     row_groups: tuple[RowGroup, ...]
     seed: int
@@ -48,52 +67,98 @@ class EpochOrder:
     shuffle: bool
 
     @cached_property
-    def windows(self) -> list[list[int]]:
-        """Row-group indices of each window, in sequence order."""
-        order = np.arange(len(self.row_groups))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(order)
-        return [order[i:i + WINDOW_ROW_GROUPS].tolist() for i in range(0, len(order), WINDOW_ROW_GROUPS)]
+    def lanes(self) -> list[list[int]]:
+        """Row-group indices of each lane, in the order the lane reads them."""
+        if not self.shuffle:
+            return [list(range(len(self.row_groups)))]
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.row_groups))
+        lanes: list[list[int]] = [[] for _ in range(max(1, min(LANES, len(order))))]
+        rows = np.zeros(len(lanes), dtype=np.int64)
+        for g in order.tolist():
+            lane = int(np.argmin(rows))
+            lanes[lane].append(g)
+            rows[lane] += self.row_groups[g].rows
+        return lanes
 
     @cached_property
-    def window_starts(self) -> np.ndarray:
-        sizes = [sum(self.row_groups[g].rows for g in w) for w in self.windows]
-        return np.concatenate([[0], np.cumsum(sizes)])
+    def lane_starts(self) -> list[np.ndarray]:
+        """Per lane, where each of its row groups starts in the lane, and the lane's length last."""
+        return [np.concatenate([[0], np.cumsum([self.row_groups[g].rows for g in lane], dtype=np.int64)])
+                for lane in self.lanes]
+
+    @cached_property
+    def lane_lengths(self) -> np.ndarray:
+        return np.array([int(starts[-1]) for starts in self.lane_starts], dtype=np.int64)
 
     @property
     def num_rows(self) -> int:
-        return int(self.window_starts[-1])
+        return int(self.lane_lengths.sum())
 
-    def row_permutation(self, window: int) -> np.ndarray:
-        """Order of the rows of `window` (rows numbered as its row groups are concatenated)."""
-        n = int(self.window_starts[window + 1] - self.window_starts[window])
+    @cached_property
+    def _tail(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lane, index in lane) of the positions after the shortest lane has ended, in sequence order."""
+        rounds = np.arange(self.lane_lengths.min(), self.lane_lengths.max())
+        index, lane = np.nonzero(rounds[:, None] < self.lane_lengths[None, :])     # row-major: round, then lane
+        return lane, rounds[index]
+
+    def lane_rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions in the epoch -> (lane, index of the row within its lane)."""
+        lanes = len(self.lanes)
+        full_rounds = lanes * int(self.lane_lengths.min())
+        lane, index = positions % lanes, positions // lanes
+        tail = positions >= full_rounds
+        if tail.any():
+            lane[tail], index[tail] = (a[positions[tail] - full_rounds] for a in self._tail)
+        return lane, index
+
+    def group_rows(self, lane: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lane, index in lane) -> (row group, row within the group's shuffled order)."""
+        group, row = np.empty_like(index), np.empty_like(index)
+        for k in np.unique(lane).tolist():
+            at = lane == k
+            slot = np.searchsorted(self.lane_starts[k], index[at], side="right") - 1
+            group[at] = np.asarray(self.lanes[k])[slot]
+            row[at] = index[at] - self.lane_starts[k][slot]
+        return group, row
+
+    def row_permutation(self, group: int) -> np.ndarray:
+        """Order of the rows of row group `group` (numbered as stored)."""
+        n = self.row_groups[group].rows
         if not self.shuffle:
             return np.arange(n)
-        return np.random.default_rng([self.seed, self.epoch, window]).permutation(n)
+        return np.random.default_rng([self.seed, self.epoch, group]).permutation(n)
 
-    def locate(self, position: int) -> tuple[int, int]:
-        """Global position in the epoch -> (window, offset within the window)."""
-        window = int(np.searchsorted(self.window_starts, position, side="right") - 1)
-        return window, position - int(self.window_starts[window])
+    def sequence_runs(self, start: int, end: int) -> list[Run]:
+        """Positions [start, end) of the epoch sequence, in sequence order."""
+        return runs(*self.group_rows(*self.lane_rows(np.arange(start, end))))
+
+    def rank_rows(self, offset: int, *, steps: int, global_batch: int, dp_rank: int,
+                  dp_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(step, row group, row in the group's shuffled order) of each row this rank takes in the `steps`
+        global steps from `offset`, in the order it takes them: each step's positions sorted by (lane,
+        position), the rank's contiguous 1/dp of them."""
+        positions = np.arange(offset, offset + steps * global_batch)
+        lane, index = self.lane_rows(positions)
+        step = (positions - offset) // global_batch
+        order = np.lexsort((lane, step)).reshape(steps, global_batch)     # stable: position order within a lane
+        per_rank = global_batch // dp_size
+        mine = order[:, dp_rank * per_rank:(dp_rank + 1) * per_rank].ravel()
+        return (step[mine], *self.group_rows(lane[mine], index[mine]))
+
+    def step_runs(self, offset: int, *, global_batch: int, dp_rank: int, dp_size: int) -> list[Run]:
+        """This rank's rows of the global step starting at `offset`."""
+        _, group, row = self.rank_rows(offset, steps=1, global_batch=global_batch, dp_rank=dp_rank, dp_size=dp_size)
+        return runs(group, row)
+
+
+def runs(group: np.ndarray, row: np.ndarray) -> list[Run]:
+    """(row group, row) pairs -> the fewest runs of consecutive rows of one group, in the same order."""
+    if not len(group):
+        return []
+    breaks = np.flatnonzero((np.diff(group) != 0) | (np.diff(row) != 1)) + 1
+    starts, ends = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(group)]])
+    return [Run(int(group[a]), int(row[a]), int(b - a)) for a, b in zip(starts.tolist(), ends.tolist())]
 
 
 def steps_per_epoch(num_rows: int, global_batch: int) -> int:
     return num_rows // global_batch
-
-
-def rank_slice(position: int, *, global_batch: int, dp_rank: int, dp_size: int) -> tuple[int, int]:
-    """[start, end) of the rows this data-parallel rank takes for the step starting at `position`."""
-    per_rank = global_batch // dp_size
-    start = position + dp_rank * per_rank
-    return start, start + per_rank
-
-
-def rank_rows_in_window(order: EpochOrder, window: int, *, offset: int, global_batch: int, dp_rank: int,
-                        dp_size: int) -> np.ndarray:
-    """Which rows of `window` (numbered in its shuffled order) this rank takes, in order, for the
-    full global steps from `offset` to the end of the epoch: its `rank_slice` of each step."""
-    last = offset + steps_per_epoch(order.num_rows - offset, global_batch) * global_batch
-    lo, hi = max(int(order.window_starts[window]), offset), min(int(order.window_starts[window + 1]), last)
-    positions = np.arange(lo, hi)
-    mine = (positions - offset) % global_batch // (global_batch // dp_size) == dp_rank
-    return positions[mine] - int(order.window_starts[window])

@@ -3,7 +3,7 @@
 The rows, their order and the data positions are those of the arrow backend (raydl.data.order):
 one global sequence per epoch, rank r taking the r-th slice of every global batch. What Ray
 Data adds is where the work runs: read tasks on the cluster's CPUs decode the parquet row
-groups, shuffle each window and keep only this rank's rows, `map_batches` preprocesses them
+groups this rank takes rows of and shuffle them, `map_batches` preprocesses them
 (image augmentation, raydl.data.preprocess) fused into the same tasks, and the streaming
 executor keeps a bounded number of blocks in the object store ahead of the consumer, so
 reading overlaps compute and a dataset larger than the object store streams through it.
@@ -14,18 +14,21 @@ iterator cannot be resumed mid-epoch (no state or skip; open request ray-project
 After a failure or a resize Train restarts the split at the beginning of the epoch, and which
 rank saw which row is not reproducible, so a checkpoint cannot say where to continue. And
 `read_parquet` reads whole files in file order: it cannot pick row groups, nor read them in a
-shuffled order. `PlannedParquet` is a `ray.data.Datasource` whose read tasks read the windows of
-the plan that this rank still needs from its position, `WINDOWS_PER_TASK` at a time, so a resumed or resized run streams
-exactly the rest of the epoch.
+shuffled order. `PlannedParquet` is a `ray.data.Datasource` whose read tasks read the row
+groups that this rank still takes rows of from its position, in the order it first needs them,
+`GROUPS_PER_TASK` at a time, so a resumed or resized run streams exactly the rest of the epoch.
+Each read sends only the range of the shuffled group that the rank takes; the consumer
+(`GroupTables`) cuts the stream back into those ranges and builds each step from them with the
+same runs (raydl.data.order) the arrow backend gathers.
 
-An execution covers whole epochs until it has `READS_PER_EXECUTION` windows, because
-starting one costs about 0.3 s before the first block (raydl bench ingest), paid once per
-execution rather than once per epoch of a small dataset. The read tasks tag rows with their
+An execution covers steps until it has `READS_PER_EXECUTION` row groups, across epochs,
+because starting one costs about 0.3 s before the first block (raydl bench ingest), paid once
+per execution rather than once per epoch of a small dataset. The read tasks tag rows with their
 epoch only when the preprocessing needs it (image augmentation is drawn per epoch).
 
-Cost: like the arrow backend, every rank decodes every window of the epoch and keeps its
-1/dp share, so decoding grows with the data-parallel degree (the object store and the
-training process see only the rank's share).
+Cost: a rank decodes only the row groups of its lanes (raydl.data.order), 1/dp of the data
+when dp divides 8 and 8 divides the global batch, plus a row group per lane each time the
+planning (`PLAN_STEPS` steps at a time) cuts one in two.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator
 
 import numpy as np
@@ -45,13 +49,14 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from raydl.data.dataset import DatasetInfo
-from raydl.data.order import DataPosition, rank_rows_in_window, steps_per_epoch
+from raydl.data.order import DataPosition, EpochOrder, Run, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
-from raydl.data.shards import SplitReader, take_rows
+from raydl.data.shards import SplitReader
 from raydl.errors import DataError
 
-READS_PER_EXECUTION = 256   # windows; an execution starts in ~0.3 s, so it should cover many
-WINDOWS_PER_TASK = 4        # one block each; per-task overhead made 1 window per task 1.6x slower (bench ingest)
+READS_PER_EXECUTION = 2048  # row groups; an execution starts in ~0.3 s, so it should cover many
+GROUPS_PER_TASK = 32        # 8192 rows at dp=1, as before; 1-window tasks had been 1.6x slower (bench ingest)
+PLAN_STEPS = 1024           # steps planned at once: the plan is vectorised over them
 EPOCH_COLUMN = "_raydl_epoch"
 
 
@@ -66,12 +71,29 @@ class RankPlan:
     dp_rank: int
     dp_size: int
 
-    def order(self, epoch: int):
-        return SplitReader(self.info, self.split, seed=self.seed, shuffle=self.shuffle).order(epoch)
+    @cached_property
+    def _orders(self) -> dict[int, EpochOrder]:
+        return {}
 
-    def rows(self, order, window: int, offset: int):
-        return rank_rows_in_window(order, window, offset=offset, global_batch=self.global_batch,
-                                   dp_rank=self.dp_rank, dp_size=self.dp_size)
+    def order(self, epoch: int) -> EpochOrder:
+        if epoch not in self._orders:
+            self._orders.clear()          # one epoch at a time: the consumer and the planner move forward
+            self._orders[epoch] = SplitReader(self.info, self.split, seed=self.seed, shuffle=self.shuffle).order(epoch)
+        return self._orders[epoch]
+
+    def step_runs(self, position: DataPosition) -> list[Run]:
+        return self.order(position.epoch).step_runs(position.offset, global_batch=self.global_batch,
+                                                    dp_rank=self.dp_rank, dp_size=self.dp_size)
+
+
+@dataclass(frozen=True)
+class Read:
+    """Rows [lo, hi) of a row group in `epoch`'s shuffled order, last used by the execution's step `last_step`."""
+    epoch: int
+    group: int
+    lo: int
+    hi: int
+    last_step: int
 
 
 def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shuffle: bool, global_batch: int,
@@ -86,22 +108,21 @@ def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shu
     position = start
     while True:
         source = PlannedParquet(plan, position, tag_epoch=preprocess is not None)
-        tasks = -(-len(source.reads) // WINDOWS_PER_TASK)
+        tasks = -(-len(source.reads) // GROUPS_PER_TASK)
         ds = ray.data.read_datasource(source, num_cpus=read_cpus, override_num_blocks=tasks)
         if preprocess is not None:
             ds = ds.map_batches(_by_epoch, fn_args=(preprocess,), batch_format="pyarrow", batch_size=None,
                                 zero_copy_batch=True, num_cpus=read_cpus)
         threads = set(threading.enumerate())
         blocks = _unwrapped(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=max(prefetch, 1)))
-        steps = _rebatch(blocks, global_batch // dp_size)
+        tables = GroupTables(blocks, source.reads)
         try:
-            for epoch, count in source.steps:
-                for _ in range(count):
-                    yield epoch, next(steps)
+            for index, step in enumerate(source.steps):
+                yield step.epoch, tables.step(index, step.epoch, plan.step_runs(step))
         finally:
             blocks.close()
             _join_fetch_threads(threads)
-        position = DataPosition(source.steps[-1][0] + 1, 0)
+        position = source.end
 
 
 def _configure_ray_data() -> None:
@@ -125,23 +146,12 @@ def _join_fetch_threads(existing: set[threading.Thread], timeout_s: float = 5.0)
 
 
 def _by_epoch(table: pa.Table, preprocess) -> pa.Table:
-    """map_batches: preprocess each epoch's rows of a block (Ray Data may merge a task's windows,
+    """map_batches: preprocess each epoch's rows of a block (Ray Data may merge a task's reads,
     across an epoch boundary) for that epoch."""
     epochs = table.column(EPOCH_COLUMN).to_numpy()
     table = table.drop_columns([EPOCH_COLUMN])
     bounds = [0, *(np.flatnonzero(np.diff(epochs)) + 1), len(epochs)]
     return pa.concat_tables([preprocess(table.slice(a, b - a), int(epochs[a])) for a, b in zip(bounds, bounds[1:])])
-
-
-def _rebatch(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
-    """Tables of `rows` rows cut from whole blocks: zero-copy slices except where a step spans two
-    blocks. (Ray Data's own batcher rebuilt every batch, which cost the consumer a copy per step.)"""
-    pending = None
-    for block in blocks:
-        pending = block if pending is None else pa.concat_tables([pending, block])
-        while pending.num_rows >= rows:
-            yield pending.slice(0, rows)
-            pending = pending.slice(rows)
 
 
 def _unwrapped(blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
@@ -155,46 +165,91 @@ def _unwrapped(blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
         raise
 
 
-def _read_windows(plan: RankPlan, reads: list[tuple[int, int, int, int]], tag_epoch: bool) -> Iterator[pa.Table]:
-    """Runs in a Ray Data read task: for each (epoch, offset, window, rows), decode the window's
-    row groups, shuffle, keep this rank's rows; one block per window."""
+class GroupTables:
+    """The consumer's side of the reads: cuts the stream of blocks (Ray Data may merge or split what a read task
+    yields) back into the reads' row ranges, and builds each step from them, dropping a range after its last step."""
+
+    def __init__(self, blocks: Iterator[pa.Table], reads: list[Read]):
+        self.blocks, self.reads = blocks, iter(reads)
+        self.pending: pa.Table | None = None          # rows streamed but not yet cut into a read
+        self.ranges: dict[tuple[int, int], tuple[Read, pa.Table]] = {}
+
+    def step(self, index: int, epoch: int, runs: list[Run]) -> pa.Table:
+        parts = []
+        for run in runs:
+            read, table = self._range(epoch, run.group)
+            parts.append(table.slice(run.start - read.lo, run.length))
+        self.ranges = {key: value for key, value in self.ranges.items() if value[0].last_step > index}
+        return pa.concat_tables(parts)
+
+    def _range(self, epoch: int, group: int) -> tuple[Read, pa.Table]:
+        while (epoch, group) not in self.ranges:     # reads arrive in the order of their first use
+            read = next(self.reads)
+            self.ranges[(read.epoch, read.group)] = (read, self._cut(read.hi - read.lo))
+        return self.ranges[(epoch, group)]
+
+    def _cut(self, rows: int) -> pa.Table:
+        while self.pending is None or self.pending.num_rows < rows:
+            block = next(self.blocks)
+            self.pending = block if self.pending is None else pa.concat_tables([self.pending, block])
+        table, self.pending = self.pending.slice(0, rows), self.pending.slice(rows)
+        return table
+
+
+def _read_groups(plan: RankPlan, reads: list[Read], tag_epoch: bool) -> Iterator[pa.Table]:
+    """Runs in a Ray Data read task: for each read, decode and shuffle its row group, keep the range this rank
+    takes; one block per read."""
     reader = SplitReader(plan.info, plan.split, seed=plan.seed, shuffle=plan.shuffle)
-    for epoch, offset, window, _ in reads:
-        order = reader.order(epoch)
-        table = take_rows(reader.window_rows(order, window),
-                          order.row_permutation(window)[plan.rows(order, window, offset)])
+    for read in reads:
+        table = reader.group(reader.order(read.epoch), read.group).slice(read.lo, read.hi - read.lo)
         if tag_epoch:
-            table = table.append_column(EPOCH_COLUMN, pa.repeat(pa.scalar(epoch, pa.int32()), table.num_rows))
+            table = table.append_column(EPOCH_COLUMN, pa.repeat(pa.scalar(read.epoch, pa.int32()), table.num_rows))
         yield table
 
 
 class PlannedParquet(Datasource):
-    """The windows holding rows of this rank, in plan order, from `start` on, for whole epochs
-    until there are `READS_PER_EXECUTION` of them; `WINDOWS_PER_TASK` per read task.
-    `steps`: [(epoch, steps of this rank in it)]."""
+    """The row groups this rank takes rows of, in the order it first needs them, from `start` on, for the
+    steps (`PLAN_STEPS` at a time, across epochs) until there are `READS_PER_EXECUTION` of them;
+    `GROUPS_PER_TASK` per read task. `steps`: where each of this execution's steps starts; `end`: after the last."""
 
     def __init__(self, plan: RankPlan, start: DataPosition, *, tag_epoch: bool):
         super().__init__()
         self.plan, self.tag_epoch = plan, tag_epoch
-        self.reads: list[tuple[int, int, int, int]] = []      # (epoch, offset, window, rows)
-        self.steps: list[tuple[int, int]] = []
+        self.reads: list[Read] = []
+        self.steps: list[DataPosition] = []
         epoch, offset = start.epoch, start.offset
         while not self.steps or len(self.reads) < READS_PER_EXECUTION:
             order = plan.order(epoch)
-            self.steps.append((epoch, steps_per_epoch(order.num_rows - offset, plan.global_batch)))
-            for window in range(order.locate(min(offset, order.num_rows - 1))[0], len(order.windows)):
-                rows = len(plan.rows(order, window, offset))
-                if rows:
-                    self.reads.append((epoch, offset, window, rows))
-            epoch, offset = epoch + 1, 0
+            left = steps_per_epoch(order.num_rows - offset, plan.global_batch)
+            count = min(left, PLAN_STEPS)
+            self._plan(order, offset, count)
+            offset += count * plan.global_batch
+            if count == left:
+                epoch, offset = epoch + 1, 0
+        self.end = DataPosition(epoch, offset)
+
+    def _plan(self, order: EpochOrder, offset: int, count: int) -> None:
+        """Reads and step starts of `count` steps from `offset` of `order`'s epoch."""
+        if not count:
+            return
+        step, group, row = order.rank_rows(offset, steps=count, global_batch=self.plan.global_batch,
+                                           dp_rank=self.plan.dp_rank, dp_size=self.plan.dp_size)
+        groups, first, which = np.unique(group, return_index=True, return_inverse=True)
+        lo, hi, last = np.full(len(groups), row.max()), np.zeros(len(groups), row.dtype), np.zeros(len(groups), int)
+        np.minimum.at(lo, which, row)
+        np.maximum.at(hi, which, row + 1)
+        np.maximum.at(last, which, step + len(self.steps))
+        self.reads += [Read(order.epoch, int(groups[i]), int(lo[i]), int(hi[i]), int(last[i]))
+                       for i in np.argsort(first).tolist()]
+        self.steps += [DataPosition(order.epoch, offset + i * self.plan.global_batch) for i in range(count)]
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context=None) -> list:
-        groups = [self.reads[i:i + WINDOWS_PER_TASK] for i in range(0, len(self.reads), WINDOWS_PER_TASK)]
-        return [ReadTask(functools.partial(_read_windows, self.plan, group, self.tag_epoch),
-                         BlockMetadata(num_rows=sum(r[3] for r in group), size_bytes=None, exec_stats=None,
+        tasks = [self.reads[i:i + GROUPS_PER_TASK] for i in range(0, len(self.reads), GROUPS_PER_TASK)]
+        return [ReadTask(functools.partial(_read_groups, self.plan, reads, self.tag_epoch),
+                         BlockMetadata(num_rows=sum(r.hi - r.lo for r in reads), size_bytes=None, exec_stats=None,
                                        input_files=None))
-                for group in groups]
+                for reads in tasks]

@@ -1,9 +1,11 @@
 """The shard reader both loaders share: a split's rows in one epoch's order, read with pyarrow.
 
 `SplitReader` opens shards (a few dozen kept open), checks each against the manifest's schema,
-and reads the row groups of one window at a time. The arrow backend calls it in the training
-process's prefetch thread (raydl.data.loader), the ray backend in Ray Data read tasks
-(raydl.data.ray_source).
+and decodes only the row groups that the rows asked of it come from (raydl.data.order: a rank's
+rows of a step come from its lanes' row groups), keeping the last `CACHED_GROUPS` decoded and
+shuffled. `decoded_bytes` counts what it decoded (the tables' nbytes), for the ingest bench and
+its test. The arrow backend calls it in the training process's prefetch thread
+(raydl.data.loader), the ray backend in Ray Data read tasks (raydl.data.ray_source).
 
 Each shard is checked against its sha256 in the manifest when a process first opens it: the
 whole file is hashed on the reading thread (the prefetch thread or a read task, so it overlaps
@@ -25,10 +27,13 @@ import pyarrow.parquet as pq
 from raydl.checksum import sha256_stream
 from raydl.data.columns import is_variable_list, tensor_shape
 from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, schema_dict
-from raydl.data.order import EpochOrder, RowGroup
+from raydl.data.order import LANES, EpochOrder, RowGroup, Run
 from raydl.errors import DataError, one_line
 
 OPEN_SHARDS = 64
+# A step takes rows of at most two row groups per lane (the lane's current one and, at its end, the
+# next); two more spare a re-decode where a rank's edge lane moves between steps.
+CACHED_GROUPS = 2 * LANES + 2
 
 # (path, size, mtime, sha256) of the shard files this process has hashed and found intact. Per
 # process, not per reader: a Ray Data read task builds a reader for a few windows, and its
@@ -67,7 +72,7 @@ def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
 
 
 class SplitReader:
-    """Random access to a split's rows in one epoch's order, one window in memory at a time."""
+    """Random access to a split's rows in one epoch's order, a few row groups in memory at a time."""
 
     def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0):
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
@@ -78,7 +83,9 @@ class SplitReader:
         self.max_bad_shards = max_bad_shards
         self.bad_shards: set[str] = set()
         self.schema: pa.Schema | None = None      # of the first shard read; every other must match
-        self._cache: tuple[tuple[int, int], pa.Table] | None = None
+        self.decoded_bytes = 0
+        # (epoch, row group) -> its rows in the epoch's shuffled order, least recently used first
+        self._groups: collections.OrderedDict[tuple[int, int], pa.Table] = collections.OrderedDict()
         self._order: EpochOrder | None = None
         # Shards kept open: a shuffled window hops between shards, and reopening re-parses the footer.
         self._files: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()
@@ -93,9 +100,11 @@ class SplitReader:
         if path in self.bad_shards:
             return self._placeholder(g.rows)
         try:
-            return self._open(g.shard).read_row_group(g.index, use_threads=False)
+            table = self._open(g.shard).read_row_group(g.index, use_threads=False)
         except (OSError, pa.ArrowException, ChecksumMismatch) as e:
             return self._skip(path, g, e)
+        self.decoded_bytes += table.nbytes
+        return table
 
     def _open(self, shard: int) -> pq.ParquetFile:
         path = self.paths[shard]
@@ -168,23 +177,21 @@ class SplitReader:
         raise DataError(f"no shard of the {self.split} split of '{self.root}' can be read. Fix: re-create the "
                         f"dataset with `raydl data prepare`.")
 
-    def window_rows(self, order: EpochOrder, window: int) -> pa.Table:
-        """The rows of `window`, its row groups concatenated (not yet shuffled)."""
-        return pa.concat_tables([self._read_row_group(order.row_groups[g]) for g in order.windows[window]])
+    def group(self, order: EpochOrder, group: int) -> pa.Table:
+        """The rows of row group `group`, in the epoch's shuffled order."""
+        key = (order.epoch, group)
+        if key in self._groups:
+            self._groups.move_to_end(key)
+        else:
+            rows = self._read_row_group(order.row_groups[group])
+            self._groups[key] = take_rows(rows, order.row_permutation(group)) if order.shuffle else rows
+            if len(self._groups) > CACHED_GROUPS:
+                self._groups.popitem(last=False)
+        return self._groups[key]
 
-    def _window(self, order: EpochOrder, window: int) -> pa.Table:
-        key = (order.epoch, window)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, take_rows(self.window_rows(order, window), order.row_permutation(window)))
-        return self._cache[1]
+    def gather(self, order: EpochOrder, runs: list[Run]) -> pa.Table:
+        return pa.concat_tables([self.group(order, r.group).slice(r.start, r.length) for r in runs])
 
     def rows(self, order: EpochOrder, start: int, end: int) -> pa.Table:
         """Rows [start, end) of the epoch sequence."""
-        parts = []
-        while start < end:
-            window, offset = order.locate(start)
-            table = self._window(order, window)
-            take = min(end - start, table.num_rows - offset)
-            parts.append(table.slice(offset, take))
-            start += take
-        return pa.concat_tables(parts)
+        return self.gather(order, order.sequence_runs(start, end))

@@ -1,22 +1,25 @@
-"""The epoch order: deterministic, different per epoch, exactly once for any world size."""
+"""The epoch order: deterministic, different per epoch, exactly once for any world size, and a rank's rows
+from its own lanes' row groups."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from raydl.data.order import EpochOrder, RowGroup, rank_rows_in_window, rank_slice, steps_per_epoch
+from raydl.data.order import LANES, EpochOrder, RowGroup, runs, steps_per_epoch
 
 GROUPS = tuple(RowGroup(shard=i // 4, index=i % 4, rows=256 if i % 4 else 200) for i in range(40))
+STARTS = np.concatenate([[0], np.cumsum([g.rows for g in GROUPS])])
+
+
+def dataset_rows(order: EpochOrder, group: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """(row group, row in its shuffled order) -> the row's number in the dataset (file order)."""
+    stored = np.array([order.row_permutation(g)[r] for g, r in zip(group.tolist(), row.tolist())], dtype=np.int64)
+    return STARTS[group] + stored
 
 
 def sequence(order: EpochOrder) -> np.ndarray:
     """Global row numbers (dataset order) in the epoch's sequence."""
-    starts = np.concatenate([[0], np.cumsum([g.rows for g in order.row_groups])])
-    out = []
-    for w, groups in enumerate(order.windows):
-        rows = np.concatenate([np.arange(starts[g], starts[g] + order.row_groups[g].rows) for g in groups])
-        out.append(rows[order.row_permutation(w)])
-    return np.concatenate(out)
+    return dataset_rows(order, *order.group_rows(*order.lane_rows(np.arange(order.num_rows))))
 
 
 def test_same_seed_same_order_next_epoch_different():
@@ -34,13 +37,18 @@ def test_unshuffled_order_is_file_order():
     assert np.array_equal(seq, np.arange(len(seq)))
 
 
+def test_lanes_end_within_a_row_group_of_each_other():
+    order = EpochOrder(GROUPS, seed=4, epoch=0, shuffle=True)
+    assert len(order.lanes) == LANES and sorted(g for lane in order.lanes for g in lane) == list(range(len(GROUPS)))
+    assert order.lane_lengths.max() - order.lane_lengths.min() <= max(g.rows for g in GROUPS)
+
+
 def consumed(order: EpochOrder, global_batch: int, start: int, stop: int, dp_size: int) -> list[int]:
-    seq = sequence(order)
     out = []
-    for position in range(start, stop, global_batch):
+    for offset in range(start, stop, global_batch):
         for r in range(dp_size):
-            lo, hi = rank_slice(position, global_batch=global_batch, dp_rank=r, dp_size=dp_size)
-            out.extend(seq[lo:hi].tolist())
+            _, group, row = order.rank_rows(offset, steps=1, global_batch=global_batch, dp_rank=r, dp_size=dp_size)
+            out.extend(dataset_rows(order, group, row).tolist())
     return out
 
 
@@ -53,24 +61,26 @@ def test_exactly_once_across_a_resize():
     assert set(ids) == set(sequence(order)[:steps * gb].tolist())
 
 
-def test_locate_round_trips():
-    order = EpochOrder(GROUPS, seed=0, epoch=0, shuffle=True)
-    for position in (0, 1, 255, 2047, order.num_rows - 1):
-        window, offset = order.locate(position)
-        assert order.window_starts[window] + offset == position
-        assert 0 <= offset < order.window_starts[window + 1] - order.window_starts[window]
+def test_a_steps_rows_do_not_depend_on_the_world_size():
+    order = EpochOrder(GROUPS, seed=6, epoch=1, shuffle=True)
+    for offset in (0, 64 * 70, order.num_rows - 2 * 64):      # the first, a middle, and a step past the lanes' end
+        steps = [consumed(order, 64, offset, offset + 64, dp) for dp in (1, 2, 4)]
+        assert steps[0] == steps[1] == steps[2]                # the same rows, in the same order
+        assert set(steps[0]) == set(sequence(order)[offset:offset + 64].tolist())
 
 
-def test_rank_rows_in_window_are_the_rank_slices_of_each_step():
-    """What a Ray Data read task keeps of a window, concatenated over windows, is the rank's slice of
-    every full step from the offset on: the same rows the arrow reader serves."""
-    order = EpochOrder(GROUPS, seed=3, epoch=2, shuffle=True)
-    for offset, global_batch, dp_size in [(0, 96, 3), (5 * 64, 64, 2), (17 * 48, 48, 4), (0, 50, 4)]:
-        for dp_rank in range(dp_size):
-            kept = [order.window_starts[w] + rank_rows_in_window(order, w, offset=offset, global_batch=global_batch,
-                                                                 dp_rank=dp_rank, dp_size=dp_size)
-                    for w in range(len(order.windows))]
-            expected = [np.arange(*rank_slice(offset + s * global_batch, global_batch=global_batch,
-                                              dp_rank=dp_rank, dp_size=dp_size))
-                        for s in range(steps_per_epoch(order.num_rows - offset, global_batch))]
-            assert np.array_equal(np.concatenate(kept), np.concatenate(expected)), (offset, global_batch, dp_rank)
+def test_each_rank_takes_whole_lanes_when_dp_divides_the_lanes():
+    order = EpochOrder(GROUPS, seed=7, epoch=0, shuffle=True)
+    gb = 256
+    full = order.lane_lengths.min() * LANES // gb        # steps before the shortest lane ends
+    for dp in (2, 4):
+        for r in range(dp):
+            _, group, _ = order.rank_rows(0, steps=int(full), global_batch=gb, dp_rank=r, dp_size=dp)
+            lanes = {k for k, lane in enumerate(order.lanes) if set(lane) & set(group.tolist())}
+            assert lanes == set(range(r * LANES // dp, (r + 1) * LANES // dp)), (dp, r)
+
+
+def test_runs_are_the_rows_in_order():
+    group, row = np.array([3, 3, 3, 5, 5, 3, 3]), np.array([7, 8, 9, 0, 1, 10, 12])
+    got = [(r.group, r.start, r.length) for r in runs(group, row)]
+    assert got == [(3, 7, 3), (5, 0, 2), (3, 10, 1), (3, 12, 1)]
