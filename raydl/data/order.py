@@ -8,9 +8,9 @@ at the same position: nothing seen twice, nothing skipped. A final partial globa
 dropped (drop_last), the same for every world size.
 
 Shuffling works at two levels so a row never needs random access: the row groups
-(`ROW_GROUP_ROWS` rows) are permuted and dealt to `LANES` lanes (each to the lane with the
-fewest rows so far, so lanes end within one row group of each other), and each row group's
-rows are permuted. The sequence interleaves the lanes round-robin: position j takes the
+(`ROW_GROUP_ROWS` rows) are permuted and dealt to `LANES` lanes (largest first, each to the
+lane with the fewest rows so far, so lanes end within about a row group of each other; a lane
+reads its groups in the permuted order), and each row group's rows are permuted. The sequence interleaves the lanes round-robin: position j takes the
 next row of lane j mod LANES, continuing over the lanes that still have rows once the
 shortest has ended. A step's rows therefore mix `LANES` row groups. Same seed and epoch ->
 same order; the next epoch -> a different one. Without shuffling there is one lane: file order.
@@ -71,14 +71,17 @@ class EpochOrder:
         """Row-group indices of each lane, in the order the lane reads them."""
         if not self.shuffle:
             return [list(range(len(self.row_groups)))]
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.row_groups))
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.row_groups)).tolist()
         lanes: list[list[int]] = [[] for _ in range(max(1, min(LANES, len(order))))]
         rows = np.zeros(len(lanes), dtype=np.int64)
-        for g in order.tolist():
+        # Largest first (stable: in shuffled order within a size), each to the lane with the fewest rows: the
+        # lanes end close together, and a rank's share stays its own lanes until they do.
+        for g in sorted(order, key=lambda g: -self.row_groups[g].rows):
             lane = int(np.argmin(rows))
             lanes[lane].append(g)
             rows[lane] += self.row_groups[g].rows
-        return lanes
+        shuffled_rank = {g: i for i, g in enumerate(order)}
+        return [sorted(lane, key=shuffled_rank.__getitem__) for lane in lanes]
 
     @cached_property
     def lane_starts(self) -> list[np.ndarray]:

@@ -188,3 +188,42 @@ def test_the_loader_reads_no_shard_outside_the_dataset(tmp_path, entry):
     with pytest.raises(DataError, match=rf"entry splits.train.shards\[0\].file = '{re.escape(entry)}' is not a file "
                                         rf"inside the dataset directory"):
         StepLoader(hostile, global_batch=GB, dp_rank=0, dp_size=1, seed=0, shuffle=True, position=DataPosition())
+
+
+def decoded_bytes_of_the_dataset(path: Path) -> int:
+    """What decoding every train row group once costs: the denominator of a rank's share."""
+    return sum(f.read_row_group(i).nbytes for f in map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
+               for i in range(f.num_row_groups))
+
+
+def rank_epoch(info, *, global_batch: int, dp_rank: int, dp_size: int, start: DataPosition,
+               steps: int) -> tuple[list[int], int]:
+    """Ids of `steps` steps of one rank from `start`, and the bytes its reader decoded for them."""
+    loader = StepLoader(info, global_batch=global_batch, dp_rank=dp_rank, dp_size=dp_size, seed=2, shuffle=True,
+                        position=start, prefetch=0)
+    ids = [i for _, batch in zip(range(steps), loader) for i in batch.tensors["id"].tolist()]
+    return ids, loader.reader.decoded_bytes
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_each_rank_decodes_about_its_share_of_the_rows(tmp_path, dp):
+    path = make_dataset(tmp_path, shards=8, rows=640)        # row groups of 256, 256 and 128 rows: lanes of unequal length
+    info, total = open_dataset(str(path)), decoded_bytes_of_the_dataset(path)
+    steps = 5120 // GB
+    ranks = [rank_epoch(info, global_batch=GB, dp_rank=r, dp_size=dp, start=DataPosition(), steps=steps)
+             for r in range(dp)]
+    ids = [i for rank_ids, _ in ranks for i in rank_ids]
+    assert len(ids) == len(set(ids)) and set(ids) == train_ids(path)
+    shares = [decoded / total for _, decoded in ranks]
+    assert all(share <= 1 / dp + 0.10 for share in shares), shares
+
+
+def test_a_resize_mid_epoch_reads_the_epoch_exactly_once(tmp_path):
+    path = make_dataset(tmp_path, shards=8, rows=640)
+    info, gb = open_dataset(str(path)), 96                    # divisible by 2 and by 3
+    steps, half = 5120 // gb, 5120 // gb // 2
+    ids = [i for r in range(2) for i in rank_epoch(info, global_batch=gb, dp_rank=r, dp_size=2,
+                                                   start=DataPosition(), steps=half)[0]]
+    ids += [i for r in range(3) for i in rank_epoch(info, global_batch=gb, dp_rank=r, dp_size=3,
+                                                    start=DataPosition(0, half * gb), steps=steps - half)[0]]
+    assert len(ids) == len(set(ids)) == steps * gb and set(ids) <= train_ids(path)
