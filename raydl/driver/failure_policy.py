@@ -11,8 +11,10 @@ from __future__ import annotations
 from ray.exceptions import RayTaskError
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
+from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
 from ray.train.v2.api.exceptions import WorkerGroupError
 
+from raydl.driver.scaling_policy import LiveNodesElasticPolicy
 from raydl.errors import RaydlError
 
 
@@ -45,14 +47,16 @@ class FailFastOnRaydlErrors(FailurePolicy):
 
 
 class RaydlTrainer(TorchTrainer):
-    """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy, and
-    that leaves Ctrl-C to raydl's handler.
+    """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy and, when
+    elastic, `LiveNodesElasticPolicy` (raydl.driver.scaling_policy), and that leaves Ctrl-C to raydl's handler.
 
     Ray 2.60 builds the policy inside `fit()` with no public hook; these overrides of the two methods involved
     are pinned by pyproject's ray range and tested (tests/unit/test_failure_policy.py, tests/ray/test_stop.py)."""
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
         controller_init_kwargs["failure_policy"] = FailFastOnRaydlErrors(controller_init_kwargs["failure_policy"])
+        if isinstance(controller_init_kwargs["scaling_policy"], ElasticScalingPolicy):
+            controller_init_kwargs["scaling_policy"] = LiveNodesElasticPolicy(self.scaling_config)
         return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from ray import cloudpickle
 
@@ -58,3 +60,18 @@ def test_no_dataset_manager_without_datasets_and_no_cleaner_on_private_ray(priva
     kinds = {type(c) for c in trainer._create_default_callbacks()}
     assert DatasetsCallback not in kinds
     assert (PlacementGroupCleanerCallback in kinds) is not private_ray
+
+
+def test_dead_unknown_and_silent_nodes_are_not_counted_for_a_restart():
+    from raydl.driver.scaling_policy import live_only, raylet_answers
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))      # bound, not listening: connections are refused, as to a dead raylet
+        port, dead_port = listening.getsockname()[1], closed.getsockname()[1]
+        node = lambda node_id, alive, p: {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": "127.0.0.1",
+                                         "NodeManagerPort": p}
+        reserved = {"up": {"CPU": 1.0}, "gcs_dead": {"CPU": 1.0}, "raylet_gone": {"CPU": 1.0}, "unknown": {"CPU": 2.0}}
+        nodes = [node("up", True, port), node("gcs_dead", False, port), node("raylet_gone", True, dead_port)]
+        assert live_only(reserved, nodes, raylet_answers) == {"up": {"CPU": 1.0}}
