@@ -23,7 +23,8 @@ import yaml
 # Steps averaged for the train loss that is compared with target_loss: one step's loss is noisy.
 LOSS_WINDOW = 10
 COLUMNS = ("trial", "batch", "precision", "lr", "samples_per_s", "peak_memory_mb", "eval_loss",
-           "time_to_target_s", "train_s", "cost_usd", "cost_to_target_usd", "steps", "status", "reason")
+           "time_to_target_s", "train_s", "cost_usd", "cost_to_target_usd", "start_s", "first_step_after_sweep_s",
+           "steps", "status", "reason")
 
 
 def stitch(runs: list[list[dict[str, Any]]], upto_step: int | None = None) -> list[dict[str, Any]]:
@@ -123,6 +124,28 @@ def trial_metrics(records: list[dict[str, Any]], final: dict[str, Any] | None, *
     return {k: v for k, v in metrics.items() if _finite(v)}
 
 
+def start_times(starts: list[dict[str, Any]], trial: str, records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Seconds to a trial's first finished step (of its latest attempt, `records`): from the trial's start
+    (`start_s`) and from the start of the sweep run that started it (`first_step_after_sweep_s`).
+
+    `starts`: the sweep's start lines ({time}) and its trials' ({trial, time}), in order; a resumed sweep adds
+    its own, so the latest start before the step is the one that counts. None: no step yet."""
+    first_step = records[0]["time"] if records else None
+    began = _latest([s["time"] for s in starts if s.get("trial") == trial], first_step)
+    sweep = _latest([s["time"] for s in starts if "trial" not in s], began)
+    return {"start_s": None if began is None else first_step - began,
+            "first_step_after_sweep_s": None if sweep is None else first_step - sweep}
+
+
+def _latest(times: list[float], upto: float | None) -> float | None:
+    return None if upto is None else max((t for t in times if t <= upto), default=None)
+
+
+def median_start(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    known = [r["start_s"] for r in rows if _finite(r.get("start_s"))]
+    return {"median_start_s": statistics.median(known) if known else None}
+
+
 _ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Interrupt))\b:?\s*(.*)")
 
 
@@ -163,17 +186,20 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 def format_table(rows: list[dict[str, Any]], extra_keys: list[str], best: dict[str, Any] | None) -> str:
     head = ["trial", "batch", "precision", *[k.split(".")[-1] for k in extra_keys], "samples/s", "peak MB",
-            "eval loss", "time to target s", "cost $", "$ to target", "status"]
+            "eval loss", "time to target s", "cost $", "$ to target", "start s", "status"]
     body = []
     for r in rows:
         mark = "*" if best is not None and r["trial"] == best["trial"] else " "
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['reason'].split('. Fix:')[0]}"[:90]
         body.append([mark + r["trial"], _fmt(r["batch"]), r["precision"], *[_fmt(r["params"].get(k)) for k in extra_keys],
                      _fmt(r["samples_per_s"], 4), _fmt(r["peak_memory_mb"], 4), _fmt(r["eval_loss"]),
-                     _fmt(r["time_to_target_s"]), _fmt(r.get("cost_usd")), _fmt(r.get("cost_to_target_usd")), status])
+                     _fmt(r["time_to_target_s"]), _fmt(r.get("cost_usd")), _fmt(r.get("cost_to_target_usd")),
+                     _fmt(r.get("start_s")), status])
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
+    median = median_start(rows)["median_start_s"]
+    footer = [] if median is None else [f"median trial start (trial start -> first finished step): {median:.1f} s"]
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body), *footer])
 
 
 def json_safe(x: Any) -> Any:

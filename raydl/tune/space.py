@@ -322,13 +322,30 @@ def trial_config(spec: SweepSpec, params: dict[str, Any], *, where: str = "trial
         raise ConfigError(e.path, f"is invalid in {where}: {e}", "change the space or the base config") from None
 
 
+def trains_in_trial(cfg: JobConfig) -> bool:
+    """A 1-worker trial trains in its Tune trial's own process (raydl.tune.trial_session): a Train controller and
+    worker group would add their start to every trial. Larger trials go through Ray Train."""
+    return cfg.scaling.max_workers == 1
+
+
+def trial_resources(cfg: JobConfig, use_gpu: bool) -> dict[str, float]:
+    """What a trial's Tune actor holds: its worker's CPUs and GPUs when it trains there, else 1 CPU for the
+    Train driver it runs (the Train workers hold their own)."""
+    s = cfg.scaling
+    if not trains_in_trial(cfg):
+        return {"CPU": 1.0}
+    return {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if use_gpu and s.gpus_per_worker else {})}
+
+
 def trial_cpus_gpus(spec: SweepSpec, use_gpu: bool) -> tuple[float, float]:
-    """Most CPUs and GPUs one trial holds: 1 CPU for the trial driver (Tune actor) + its Train workers."""
+    """Most CPUs and GPUs one trial holds: its Tune actor's (trial_resources) + its Train workers' if any."""
     cpus, gpus = 0.0, 0.0
     for params in probe_points(spec):
-        s = trial_config(spec, params).scaling
-        cpus = max(cpus, 1 + s.max_workers * s.cpus_per_worker)
-        gpus = max(gpus, s.max_workers * s.gpus_per_worker if use_gpu else 0.0)
+        cfg = trial_config(spec, params)
+        own, s = trial_resources(cfg, use_gpu), cfg.scaling
+        workers = 0 if trains_in_trial(cfg) else s.max_workers
+        cpus = max(cpus, own["CPU"] + workers * s.cpus_per_worker)
+        gpus = max(gpus, own.get("GPU", 0.0) + (workers * s.gpus_per_worker if use_gpu else 0.0))
     return cpus, gpus
 
 
@@ -349,4 +366,4 @@ def default_sweep(*, gpu: bool) -> dict[str, Any]:
 
 
 __all__ = ["Dim", "SweepSpec", "AshaSpec", "OBJECTIVES", "parse_sweep", "parse_dim", "check_sweep", "trial_tree",
-           "trial_config", "trial_cpus_gpus", "default_sweep", "probe_points"]
+           "trial_config", "trial_cpus_gpus", "trial_resources", "trains_in_trial", "default_sweep", "probe_points"]

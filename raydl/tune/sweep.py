@@ -4,15 +4,17 @@
     raydl sweep --config sweep.yaml --address auto
     raydl sweep --resume runs/sweep-20260101-120000
 
-A trial is a Tune function trainable that is a Ray Train *driver*: trial values ->
-`apply_overrides` -> `build_config` -> `prepare_run` -> `build_trainer(...).fit()`, the code
-path of `raydl train`, with `max_failures=0` so that a failure ends the trial (recorded as
-infeasible, with its reason) instead of retrying. Layout of a sweep directory:
+A trial is a Tune function trainable: trial values -> `apply_overrides` -> `build_config` ->
+`prepare_run`, the code path of `raydl train`. A 1-worker trial then trains in its own process
+(raydl.tune.trial_session), and Tune keeps its actor, imports and all, for the next trial; a larger
+one is a Ray Train *driver* (`build_trainer(...).fit()`). Either way `max_failures=0`: a failure
+ends the trial (recorded as infeasible, with its reason) instead of retrying. Layout of a sweep directory:
 
     sweep.yaml                      the sweep as parsed (what --resume reads back)
     tune/                           the Tune experiment (Tuner.restore reads it)
     trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint
     tensorboard/<trial_id>/         TensorBoard events of all a trial's attempts (telemetry.tensorboard)
+    trial_starts.jsonl              when the sweep and each trial started (the report's start times)
     results.csv results.json results.png best.yaml
 """
 
@@ -31,33 +33,30 @@ import yaml
 from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from raydl import log as raydl_log
 from raydl.driver import tensorboard
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.records import WorkerReport
 from raydl.tune import report
-from raydl.tune.space import SweepSpec, parse_sweep, trial_config, trial_cpus_gpus, trial_tree
+from raydl.tune.space import (SweepSpec, parse_sweep, trains_in_trial, trial_config, trial_cpus_gpus,
+                               trial_resources, trial_tree)
+from raydl.tune.trial_session import InTrialSession, TrialMetrics
 
 SWEEP_FILE, TUNE_DIR, TRIALS_DIR, COMPLETED_FILE = "sweep.yaml", "tune", "trials", "completed_trials.txt"
+STARTS_FILE = "trial_starts.jsonl"
 
 
 class TrialReporter(TuneReportCallback):
-    """Forwards each rank-0 report to Tune as flat scalars computed over the whole trial so far.
+    """Forwards each rank-0 report of a Ray Train trial to Tune (runs in the Train controller)."""
 
-    Runs in the Train controller. `records` holds the steps of earlier attempts of this trial,
-    so a resumed trial still reports its true time to target and sample count.
-    """
-
-    def __init__(self, *, target: float | None, target_metric: str, records: list[dict[str, Any]]):
+    def __init__(self, metrics: TrialMetrics):
         super().__init__()
-        self.target, self.target_metric, self.records = target, target_metric, list(records)
+        self.metrics = metrics
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        rank0 = WorkerReport.from_dict(metrics[0])
-        self.records = report.stitch([self.records, [r.to_dict() for r in rank0.records]])
-        final = dataclasses.asdict(rank0.final) if rank0.final else None
-        scalars = report.trial_metrics(self.records, final, target=self.target, target_metric=self.target_metric)
+        scalars = self.metrics.update(WorkerReport.from_dict(metrics[0]))
         super().after_report(run_context, [scalars], checkpoint)
 
 
@@ -76,9 +75,9 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     from ray import tune
 
     from raydl.driver.prepare import prepare_run
-    from raydl.driver.ray_trainer import build_trainer
     from raydl.models.registry import search_from
 
+    raydl_log.configure()   # the driver's verbosity, from RAYDL_VERBOSITY in the runtime env
     search_from(import_dir)
     spec = parse_sweep(sweep)
     trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()
@@ -90,17 +89,31 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
     run.job[tensorboard.JOB_KEY] = str(Path(sweep_dir) / tensorboard.EVENTS_DIR / trial_dir.name)   # attempts append
     prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
-    reporter = TrialReporter(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
-    build_trainer(run, callbacks=[reporter]).fit()   # raises on any worker failure -> trial ERROR
+    metrics = TrialMetrics(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
+    train(run, metrics)   # raises on any failure -> trial ERROR
+
+
+def train(run, metrics: TrialMetrics) -> None:
+    """One attempt of a trial: in this process for one worker, else through a Ray Train controller."""
+    if trains_in_trial(run.cfg):
+        from raydl.train.loop import train_worker
+
+        train_worker(run.job, InTrialSession(str(run.run_dir), run.cfg, tensorboard.events_dir(run.cfg, run.job),
+                                             metrics))
+        return
+    from raydl.driver.ray_trainer import build_trainer
+
+    build_trainer(run, callbacks=[TrialReporter(metrics)]).fit()
 
 
 def max_concurrent(spec: SweepSpec, cluster: dict[str, float], *, use_gpu: bool) -> int:
-    """Trials that fit the cluster at once (each holds 1 CPU for its driver + its workers), capped by the spec."""
+    """Trials that fit the cluster at once (space.trial_cpus_gpus), capped by the spec."""
     cpus, gpus = trial_cpus_gpus(spec, use_gpu)
     have_cpu, have_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     if cpus > have_cpu:
-        raise ConfigError("scaling.max_workers", f"gives trials that need {cpus:g} CPUs (1 for the trial driver + "
-                          f"the workers' scaling.cpus_per_worker) but the cluster has {have_cpu:g}",
+        raise ConfigError("scaling.max_workers", f"gives trials that need {cpus:g} CPUs (the workers' "
+                          f"scaling.cpus_per_worker, +1 for the Train driver of a multi-worker trial) but the "
+                          f"cluster has {have_cpu:g}",
                           "lower base scaling.max_workers or scaling.cpus_per_worker, or use --address for a "
                           "bigger cluster")
     fit = int(have_cpu // cpus)
@@ -137,6 +150,7 @@ class Progress(Callback):
         self.completed = sweep_dir / COMPLETED_FILE
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        note_start(self.completed.parent, trial=trial.trial_id)
         print(f"[raydl] trial {trial.trial_id} started: {_short(trial.config)}", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -146,6 +160,17 @@ class Progress(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         print(f"[raydl] trial {trial.trial_id} failed (recorded as infeasible)", flush=True)
+
+
+def note_start(sweep_dir: Path, **what: str) -> None:
+    """One line of STARTS_FILE: the sweep's start ({}) or a trial's (trial=ID), at the driver's clock now."""
+    with (sweep_dir / STARTS_FILE).open("a") as f:
+        f.write(json.dumps({**what, "time": time.time()}) + "\n")
+
+
+def read_starts(sweep_dir: Path) -> list[dict[str, Any]]:
+    path = sweep_dir / STARTS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def _short(config: dict[str, Any]) -> str:
@@ -187,8 +212,12 @@ def new_sweep_dir(spec: SweepSpec) -> Path:
 def _trainable(spec: SweepSpec, sweep_dir: Path, model):
     from ray import tune
 
-    return tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), model=model,
-                                import_dir=os.getcwd())
+    from raydl.driver.ray_trainer import use_gpu
+
+    gpu = use_gpu(spec.base_config())
+    with_data = tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), model=model,
+                                     import_dir=os.getcwd())
+    return tune.with_resources(with_data, lambda params: trial_resources(trial_config(spec, params), gpu))
 
 
 def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int, model):
@@ -197,9 +226,12 @@ def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int, model):
     return tune.Tuner(
         _trainable(spec, sweep_dir, model),
         param_space={d.path: d.tune_domain() for d in spec.space.values()},
+        # reuse_actors: the next trial of the same resources starts in a finished trial's process, its imports done.
         tune_config=tune.TuneConfig(num_samples=spec.num_samples, max_concurrent_trials=concurrency,
-                                    scheduler=_asha(spec), trial_dirname_creator=lambda t: t.trial_id),
-        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0, callbacks=[Progress(sweep_dir)]),
+                                    scheduler=_asha(spec), trial_dirname_creator=lambda t: t.trial_id,
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=2 if _verbose() else 0,
+                                  callbacks=[Progress(sweep_dir)]),
     )
 
 
@@ -245,27 +277,37 @@ def num_trials(spec: SweepSpec) -> int:
 
 
 @contextmanager
-def _results_may_lack_metrics():
-    """Trial results leave out metrics not known yet (report.trial_metrics). ASHA skips such a result
-    (async_hyperband.py::on_trial_result); Tune's strict check in the driver would stop the sweep instead."""
-    key = "TUNE_DISABLE_STRICT_METRIC_CHECKING"
-    saved = os.environ.get(key)
-    os.environ[key] = "1"
+def _tune_env():
+    """Env vars that Tune reads in the driver while it runs the sweep.
+
+    TUNE_DISABLE_STRICT_METRIC_CHECKING: trial results leave out metrics not known yet (report.trial_metrics).
+    ASHA skips such a result (async_hyperband.py::on_trial_result); Tune's strict check would stop the sweep.
+    RAY_AIR_NEW_OUTPUT=0 unless -v: Tune's newer console output prints an experiment box and paths even at
+    verbose=0 (tune/experimental/output.py); the older one prints nothing there. With -v Tune's tables show."""
+    wanted = {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1", **({} if _verbose() else {"RAY_AIR_NEW_OUTPUT": "0"})}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(key)
-        else:
-            os.environ[key] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
+
+
+def _verbose() -> bool:
+    return raydl_log.current_verbosity() >= raydl_log.VERBOSE
 
 
 def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
     from ray.exceptions import RayActorError, RaySystemError
 
     t0 = time.time()
+    note_start(sweep_dir)
     try:
-        with _results_may_lack_metrics():
+        with _tune_env():
             grid = tuner.fit()
     except (RayActorError, RaySystemError, ConnectionError) as e:   # Tune's own actors are gone with the cluster
         raise ClusterLost(f"the Ray cluster of sweep {sweep_dir} went away ({one_line(e)[:300]}). Finished trials and "
@@ -273,13 +315,15 @@ def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
                           f"`raydl sweep --resume {sweep_dir}`.") from None
     completed_file = sweep_dir / COMPLETED_FILE
     completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
-    rows = sorted((trial_row(spec, sweep_dir, r, completed) for r in grid), key=lambda r: r["trial"])
+    starts = read_starts(sweep_dir)
+    rows = sorted((trial_row(spec, sweep_dir, r, completed, starts) for r in grid), key=lambda r: r["trial"])
     summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
     summary["fit_s"] = time.time() - t0
     return summary
 
 
-def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str]) -> dict[str, Any]:
+def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str],
+              starts: list[dict[str, Any]]) -> dict[str, Any]:
     trial_id = Path(result.path).name
     params = {k: result.config[k] for k in spec.space}
     cfg = trial_config(spec, params)
@@ -301,7 +345,8 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str]) -> 
             **{k: metrics.get(k) for k in ("samples", "samples_per_s", "peak_memory_mb", "eval_loss",
                                            "eval_accuracy", "time_to_target_s", "train_s")}, **cost,
             "steps": metrics.get("step"), "run_dir": str(attempts[-1]) if attempts else None,
-            "attempts": len(attempts)}
+            "attempts": len(attempts),
+            **report.start_times(starts, trial_id, report.read_records(attempts[-1]) if attempts else [])}
 
 
 def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0) -> dict[str, Any]:
@@ -312,7 +357,7 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
     report.write_csv(rows, sweep_dir / "results.csv", extra)
     summary = {"sweep_dir": str(sweep_dir), "objective": spec.objective, "metric": key, "mode": mode,
                "target_loss": spec.target_loss, "best": best["trial"] if best else None,
-               "not_started": not_started, "trials": rows}
+               "not_started": not_started, **report.median_start(rows), "trials": rows}
     (sweep_dir / "results.json").write_text(json.dumps(report.json_safe(summary), indent=1))
     curves = {r["trial"]: trial_history(sweep_dir / TRIALS_DIR / r["trial"]) for r in rows}
     report.plot(rows, curves, sweep_dir / "results.png", target=spec.target_loss)

@@ -122,9 +122,10 @@ def test_spec_round_trips_through_its_yaml_and_default_file_matches_code():
 
 
 def test_concurrency_fits_the_cluster_and_never_oversubscribes():
-    spec = parse_sweep(sweep())                                      # 1 worker: 2 CPUs per trial
-    assert max_concurrent(spec, {"CPU": 4}, use_gpu=False) == 2
-    assert max_concurrent(spec, {"CPU": 7}, use_gpu=False) == 3
+    spec = parse_sweep(sweep())                     # 1 worker, trained in the trial's own process: 1 CPU per trial
+    assert max_concurrent(spec, {"CPU": 4}, use_gpu=False) == 4
+    assert max_concurrent(spec, {"CPU": 7}, use_gpu=False) == 7
+    assert max_concurrent(spec, {"CPU": 8, "GPU": 2}, use_gpu=True) == 2   # and its GPU, in that process too
     capped = parse_sweep(sweep(max_concurrent_trials=1))
     assert max_concurrent(capped, {"CPU": 16}, use_gpu=False) == 1
     two = parse_sweep(sweep(base={"scaling": {"min_workers": 2, "max_workers": 2}}))
