@@ -8,6 +8,8 @@ time from `run_training` to its first finished step.
 
     raydl bench overhead --steps 300 --repeats 5
     raydl bench overhead --model hf-llama-tiny --repeats 5
+    raydl bench overhead --set data.path=DATASET --set train.global_batch_size=12 --set train.micro_batch_size=12
+                                                # nanoGPT's batch: 12 rows of a 64-token dataset
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 
 from raydl.bench import harness
-from raydl.data.loader import SplitReader
+from raydl.data.shards import SplitReader
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.train.optim import build_optimizer, lr_at, set_lr
@@ -89,13 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     p = harness.parser("overhead", __doc__)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--model", choices=tuple(MODELS), default="gpt-tiny", help="The model both sides train.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="Config overrides for both sides, after the benchmark's own (batch size, steps).")
     args = harness.parse_args(p, argv)
     session = harness.Session("overhead", args)
     runs_dir = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     sets = MODELS[args.model] + [
             f"train.max_steps={args.steps}", "train.global_batch_size=64", "train.micro_batch_size=64",
             "scaling.min_workers=1", "scaling.max_workers=1", "telemetry.progress=false",
-            f"checkpoint.every_steps={args.steps}", "telemetry.report_every=50"]
+            f"checkpoint.every_steps={args.steps}", "telemetry.report_every=50", *args.overrides]
 
     def raydl_side() -> dict[str, float]:   # each run in a new directory: a new run, never a resume
         return raydl_run(load_config(None, sets + [f"run.dir={tempfile.mkdtemp(dir=runs_dir)}"]))
@@ -109,5 +113,5 @@ def main(argv: list[str] | None = None) -> int:
     print(harness.describe("raydl", stats["raydl"]["samples_per_s"], " samples/s"))
     print(harness.describe("raydl time to first step", stats["raydl"]["time_to_first_step_s"], " s"))
     print(f"ratio of medians raydl / plain {ratio:.3f} (goal >= {GOAL})")
-    session.write(steps=args.steps, sides=stats, ratio_raydl_over_plain=ratio, goal_ratio=GOAL)
+    session.write(steps=args.steps, overrides=args.overrides, sides=stats, ratio_raydl_over_plain=ratio, goal_ratio=GOAL)
     return 0
