@@ -43,6 +43,6 @@ def test_corrupt_shard_mid_run_keeps_the_last_checkpoint(tmp_path):
     assert is_complete(step10)                     # nothing already trained is lost
     p = torchrun(1, tmp_path / "run-2", data, tmp_path, "train.max_steps=32", "data.max_bad_shards=1",
                  resume=tmp_path / "run")
-    assert p.returncode == 0 and "resumed from" in p.stdout, p.stderr[-3000:]
+    assert p.returncode == 0 and "resumed from" in p.stderr, p.stderr[-3000:]
     records = [json.loads(x) for x in (tmp_path / "run-2" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 32 and records[-1]["bad_shards"] == 1

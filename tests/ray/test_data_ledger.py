@@ -64,7 +64,7 @@ def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     second = torchrun(1, tmp_path / "run-1", data, ledger, f"train.max_steps={STEPS}", resume=tmp_path / "run")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout and start_offsets(ledger) == [0, 15 * GB]
+    assert "resumed from" in second.stderr and start_offsets(ledger) == [0, 15 * GB]
     dp_sizes = {attempt.dp_size for attempt in attempts(ledger)}
     assert dp_sizes == {1, 2}
     ids = committed(ledger)
