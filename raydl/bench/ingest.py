@@ -1,7 +1,7 @@
 """raydl bench ingest: parquet token rows -> torch tensors, plain pyarrow vs raydl's loader paths.
 
     raydl bench ingest [--rows 51200] [--seq-len 512] [--epochs 6] [--repeats 5] [--variants ...]
-                       [--summary RUN/summary.json ...]
+                       [--dp 2,4] [--summary RUN/summary.json ...]
 
 Generates (once) a raydl dataset of random token rows (input_ids + labels, int32; 51,200 x
 512 = 210 MB raw) under --dir (default /tmp), then times `--epochs` consecutive epochs of:
@@ -12,6 +12,10 @@ Each variant runs in its own process; the first epoch is cold (for ray it includ
 Ray's worker processes), the median of the rest is the run's rows/s. The variants alternate for
 --repeats runs; prints each variant's median rows/s and its ratio to pyarrow's (ratio of medians),
 and the data-wait share of training runs' summary.json; writes --out (JSON).
+
+Then, for each --dp, dp processes at once, one per data-parallel rank (arrow backend), each reading one
+epoch as its rank: the bytes each decoded (the decoded tables' nbytes) as a share of decoding the
+whole dataset once, against the goal 1/dp + 0.10 (issue 15: a rank decodes only the rows it trains on).
 """
 
 from __future__ import annotations
@@ -89,6 +93,42 @@ def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[in
     return rows, times
 
 
+def rank_epoch(path: Path, batch: int, dp_rank: int, dp_size: int) -> dict[str, Any]:
+    """In this process: one epoch as data-parallel rank `dp_rank` of `dp_size` (arrow backend, no read-ahead,
+    so that what was decoded is this epoch's): rows, seconds and bytes decoded."""
+    from raydl.data.dataset import open_dataset
+    from raydl.data.loader import StepLoader
+    from raydl.data.order import DataPosition
+
+    loader = StepLoader(open_dataset(str(path)), global_batch=batch, dp_rank=dp_rank, dp_size=dp_size, seed=0,
+                        shuffle=True, position=DataPosition(0, 0), prefetch=0, backend="arrow")
+    t0 = time.perf_counter()
+    rows = sum(len(step.tensors["input_ids"]) for _, step in zip(range(loader.steps_per_epoch), loader))
+    return {"rows": rows, "epoch_s": time.perf_counter() - t0, "decoded_bytes": loader.reader.decoded_bytes}
+
+
+def dataset_decoded_bytes(path: Path) -> int:
+    """Decoding every train row group once: what a rank's decoded bytes are a share of."""
+    import pyarrow.parquet as pq
+
+    return sum(f.read_row_group(i).nbytes for f in map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
+               for i in range(f.num_row_groups))
+
+
+def decode_shares(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    """Per --dp: dp rank processes at once, one epoch each; their decoded bytes as a share of the dataset's."""
+    total, out = dataset_decoded_bytes(path), {}
+    for dp in args.dp:
+        procs = [subprocess.Popen(own_command(args, "--rank", f"{r}/{dp}"), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(dp)]
+        ranks = [last_json_line(p, f"dp={dp} rank {r}") for r, p in enumerate(procs)]
+        shares, goal = [r["decoded_bytes"] / total for r in ranks], 1 / dp + 0.10
+        print(f"[bench] dp={dp}: each rank decoded {', '.join(f'{s:.3f}' for s in shares)} of the dataset "
+              f"(goal <= {goal:.2f}: {'met' if max(shares) <= goal else 'NOT met'})", flush=True)
+        out[str(dp)] = {"decoded_share": shares, "goal": goal, "met": max(shares) <= goal, "ranks": ranks}
+    return {"dataset_decoded_bytes": total, "by_dp": out}
+
+
 def run_variant(variant: str, path: Path, batch: int, epochs: int) -> dict[str, Any]:
     """In this process: `epochs` timed epochs of one variant."""
     import torch
@@ -112,15 +152,36 @@ def run_variant(variant: str, path: Path, batch: int, epochs: int) -> dict[str, 
 
 def variant_side(variant: str, args: argparse.Namespace) -> harness.Side:
     """One run of `variant` in a process of its own (a fresh interpreter: no warm caches from the others)."""
-    cmd = [sys.executable, "-m", "raydl.bench.ingest", "--variant", variant, "--rows", str(args.rows),
-           "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--epochs", str(args.epochs), "--dir", args.dir]
+    cmd = own_command(args, "--variant", variant)
 
     def side() -> dict[str, Any]:
-        p = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-        if p.returncode:
-            raise RuntimeError(f"[bench] ingest variant {variant} failed:\n{p.stderr[-2000:]}")
-        return json.loads(p.stdout.strip().splitlines()[-1])
+        p = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        return last_json_line(p, f"variant {variant}")
     return side
+
+
+def own_command(args: argparse.Namespace, *internal: str) -> list[str]:
+    """This benchmark, on the same dataset, for one internal part (a variant, a rank) in a process of its own."""
+    return [sys.executable, "-m", "raydl.bench.ingest", *internal, "--rows", str(args.rows), "--seq-len",
+            str(args.seq_len), "--batch", str(args.batch), "--epochs", str(args.epochs), "--dir", args.dir]
+
+
+def last_json_line(p: subprocess.Popen, what: str) -> dict[str, Any]:
+    stdout, stderr = p.communicate()
+    if p.returncode:
+        raise RuntimeError(f"[bench] ingest {what} failed:\n{stderr[-2000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def dp_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ConfigError("--dp", f"is '{text}'", "give data-parallel sizes separated by commas, e.g. 2,4")
+    return sizes
 
 
 def data_wait_shares(summary_paths: list[str]) -> dict[str, float]:
@@ -139,13 +200,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--dir", default="/tmp/raydl-bench", help="Where the benchmark dataset is generated.")
     p.add_argument("--summary", nargs="*", default=[], help="Training runs' summary.json files, for their data-wait share.")
+    p.add_argument("--dp", type=dp_sizes, default=[2, 4],
+                   help="Data-parallel sizes whose per-rank decoded bytes are measured (one process per rank).")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # internal: run one variant in this process
+    p.add_argument("--rank", help=argparse.SUPPRESS)      # internal: one epoch as rank R/DP in this process
     args = harness.parse_args(p, argv)
     if args.epochs < 1:
         raise ConfigError("--epochs", f"is {args.epochs}", "use at least 1 (2 or more: the first is cold)")
+    if bad := [dp for dp in args.dp if args.batch % dp]:
+        raise ConfigError("--dp", f"has {bad[0]}, which does not divide --batch {args.batch}",
+                          "use data-parallel sizes that divide the global batch")
     path = make_dataset(Path(args.dir), args.rows, args.seq_len)
     if args.variant:
         print(json.dumps(run_variant(args.variant, path, args.batch, args.epochs)))
+        return 0
+    if args.rank:
+        dp_rank, dp_size = map(int, args.rank.split("/"))
+        print(json.dumps(rank_epoch(path, args.batch, dp_rank, dp_size)))
         return 0
     session = harness.Session("ingest", args)
     variants = ["pyarrow", *(v for v in args.variants if v != "pyarrow")]
@@ -158,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     session.write(dataset={"path": str(path), "rows": args.rows, "seq_len": args.seq_len, "batch": args.batch,
                            "raw_mb": args.rows * args.seq_len * 4 * 2 / 1e6, "disk_mb": size / 1e6},
                   variants={v: harness.summarize(variant_runs) for v, variant_runs in runs.items()},
-                  ratio_to_pyarrow=ratios, training_data_wait_frac=data_wait_shares(args.summary))
+                  ratio_to_pyarrow=ratios, training_data_wait_frac=data_wait_shares(args.summary),
+                  decoded_per_rank=decode_shares(args, path))
     return 0
 
 
