@@ -18,6 +18,7 @@ from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_start
 from raydl.driver.stop import SignalStop, start_stop_request
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
+from raydl.telemetry import startup
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,13 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
                  model: ModelSpec | None = None) -> dict[str, Any]:
     """`model`: a spec object that replaces the one model.name names (raydl.train(model=...))."""
     t0 = time.time()
+    marks = startup.Marks(command_start=min(startup.command_start(), t0))
     raydl_log.ensure_configured()
     run = prepare_run(cfg, resume=resume, model=model)
+    marks.mark("prepared")
     log.info(f"run directory: {run.run_dir}")
     try:
-        result = fit(run, address)
+        result = fit(run, address, marks)
     except BaseException:
         if remove_if_never_started(run.run_dir):
             log.info(f"removed {run.run_dir}: the run failed before its first step")
@@ -176,7 +179,7 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary.update(wall_s=time.time() - t0, checkpoint=result.checkpoint.path if result.checkpoint else None,
-                   run_dir=str(run.run_dir))
+                   run_dir=str(run.run_dir), **startup_section(run, marks))
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
         log.warning(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
@@ -189,19 +192,31 @@ def worker_resources(cfg: JobConfig) -> dict[str, float]:
     return {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if use_gpu(cfg) else {})}
 
 
-def fit(run: PreparedRun, address: str | None):
+def startup_section(run: PreparedRun, marks: startup.Marks) -> dict[str, Any]:
+    """summary.json's `startup`: the driver's marks and the first worker group's (from its first step record)."""
+    metrics, group_marks = run.run_dir / "metrics.jsonl", {}
+    if metrics.exists():
+        with metrics.open() as lines:
+            group_marks = json.loads(lines.readline() or "{}").get("startup", {})
+    return {"startup": startup.breakdown({**marks, **group_marks})}
+
+
+def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     from ray.exceptions import RayActorError, RaySystemError
 
     from raydl.driver.failure_policy import raydl_error_in
 
     connect(address, ray_env(run.cfg))
+    marks.mark("ray_connected")
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
     stop = start_stop_request(run.job["stop_actor"])
     try:
         with SignalStop(on_first=lambda signum: stop.request.remote(signum)):
-            return build_trainer(run).fit()
+            trainer = build_trainer(run)
+            marks.mark("fit_called")
+            return trainer.fit()
     except (RayActorError, RaySystemError) as e:   # the Train controller itself is gone: its cluster went away
         raise cluster_lost(run, address, e) from None
     except Exception as e:
