@@ -73,3 +73,6 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session
     assert [r["step"] for r in history] == list(range(1, 201))
     assert rows[second.name]["steps"] == 200 and rows[second.name]["samples"] == 200 * 32
     assert rows[second.name]["attempts"] == 2 and rows[first.name]["attempts"] == 1
+    # start times count from the start that led to each trial's latest attempt: the resumed one's from the resume
+    assert all(0 < r["start_s"] < r["first_step_after_sweep_s"] for r in rows.values()), rows
+    assert rows[second.name]["first_step_after_sweep_s"] < summary["fit_s"]

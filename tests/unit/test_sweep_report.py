@@ -24,6 +24,19 @@ def test_stitch_drops_the_steps_a_resumed_attempt_redoes():
     assert [r["step"] for r in report.stitch([first], upto_step=2)] == [1, 2]
 
 
+def test_start_times_count_from_the_starts_that_led_to_the_latest_attempt():
+    # sweep at 100, trial a at 107 (first step 110); interrupted, resumed at 200, a again at 205 (first step 209)
+    starts = [{"time": 100.0}, {"trial": "a", "time": 107.0}, {"trial": "b", "time": 108.0},
+              {"time": 200.0}, {"trial": "a", "time": 205.0}]
+    first_attempt, second_attempt = records([3.0], time=110.0), records([2.9], time=209.0)
+    assert report.start_times(starts, "a", first_attempt) == {"start_s": 3.0, "first_step_after_sweep_s": 10.0}
+    assert report.start_times(starts, "a", second_attempt) == {"start_s": 4.0, "first_step_after_sweep_s": 9.0}
+    assert report.start_times(starts, "b", []) == {"start_s": None, "first_step_after_sweep_s": None}
+    rows = [{"start_s": 3.0}, {"start_s": None}, {"start_s": 5.0}, {}]
+    assert report.median_start(rows) == {"median_start_s": 4.0}
+    assert report.median_start([{}]) == {"median_start_s": None}
+
+
 def test_time_to_target_uses_a_window_of_train_losses_or_the_evals():
     recs = records([3.0] * 5 + [1.0] * 20, step_s=0.1)
     # the 10-step mean first reaches 1.0 at step 15: 15 steps of 0.1 s
