@@ -6,7 +6,7 @@
 Generates (once) a raydl dataset of random token rows (input_ids + labels, int32; 51,200 x
 512 = 210 MB raw) under --dir (default /tmp), then times `--epochs` consecutive epochs of:
   pyarrow        ParquetFile.iter_batches(batch) -> torch.from_numpy, one process, file order
-  arrow          one raydl StepLoader, data.backend=arrow (shuffled windows, prefetch thread), 1 rank
+  arrow          one raydl StepLoader, data.backend=arrow (shuffled lanes of row groups, prefetch thread), 1 rank
   ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution for several epochs), 1 rank
 Each variant runs in its own process; the first epoch is cold (for ray it includes starting
 Ray's worker processes), the median of the rest is the run's rows/s. The variants alternate for

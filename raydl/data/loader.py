@@ -92,7 +92,7 @@ def _stop_prefetchers() -> None:
 class StepLoader:
     """Yields this rank's slice of every global step from `position` on, for `max_epochs` (0 = forever).
 
-    data.backend picks who reads: `arrow` reads the windows with pyarrow in this process
+    data.backend picks who reads: `arrow` reads this rank's row groups with pyarrow in this process
     (SplitReader); `ray` streams the same rows, in the same order, through Ray Data read tasks
     on the cluster's CPUs (raydl.data.ray_source). `ledger` (debug.ledger_dir, a test hook) records
     the ids of every step handed out; without one the loader does nothing extra per step.

@@ -75,13 +75,20 @@ class EpochOrder:
         lanes: list[list[int]] = [[] for _ in range(max(1, min(LANES, len(order))))]
         rows = np.zeros(len(lanes), dtype=np.int64)
         # Largest first (stable: in shuffled order within a size), each to the lane with the fewest rows: the
-        # lanes end close together, and a rank's share stays its own lanes until they do.
+        # lanes end close together, and a rank's share stays its own lanes until they do. Ties go to lanes in
+        # bit-reversed order (0, 4, 2, 6, ...), so the lanes left longest belong to different ranks: at the end,
+        # when only they have rows, each rank still takes its own.
+        spread = _bit_reversed(len(lanes))
         for g in sorted(order, key=lambda g: -self.row_groups[g].rows):
-            lane = int(np.argmin(rows))
+            lane = spread[int(np.argmin(rows[spread]))]
             lanes[lane].append(g)
             rows[lane] += self.row_groups[g].rows
         shuffled_rank = {g: i for i, g in enumerate(order)}
         return [sorted(lane, key=shuffled_rank.__getitem__) for lane in lanes]
+
+    @cached_property
+    def _lane_arrays(self) -> list[np.ndarray]:
+        return [np.asarray(lane, dtype=np.int64) for lane in self.lanes]
 
     @cached_property
     def lane_starts(self) -> list[np.ndarray]:
@@ -120,7 +127,7 @@ class EpochOrder:
         for k in np.unique(lane).tolist():
             at = lane == k
             slot = np.searchsorted(self.lane_starts[k], index[at], side="right") - 1
-            group[at] = np.asarray(self.lanes[k])[slot]
+            group[at] = self._lane_arrays[k][slot]
             row[at] = index[at] - self.lane_starts[k][slot]
         return group, row
 
@@ -152,6 +159,11 @@ class EpochOrder:
         """This rank's rows of the global step starting at `offset`."""
         _, group, row = self.rank_rows(offset, steps=1, global_batch=global_batch, dp_rank=dp_rank, dp_size=dp_size)
         return runs(group, row)
+
+
+def _bit_reversed(n: int) -> np.ndarray:
+    bits = max(1, (n - 1).bit_length())
+    return np.array(sorted(range(n), key=lambda k: int(format(k, f"0{bits}b")[::-1], 2)))
 
 
 def runs(group: np.ndarray, row: np.ndarray) -> list[Run]:

@@ -55,7 +55,7 @@ from raydl.data.shards import SplitReader
 from raydl.errors import DataError
 
 READS_PER_EXECUTION = 2048  # row groups; an execution starts in ~0.3 s, so it should cover many
-GROUPS_PER_TASK = 32        # 8192 rows at dp=1, as before; 1-window tasks had been 1.6x slower (bench ingest)
+GROUPS_PER_TASK = 32        # 8192 rows at dp=1, as before; tasks of 2048 rows had been 1.6x slower (bench ingest)
 PLAN_STEPS = 1024           # steps planned at once: the plan is vectorised over them
 EPOCH_COLUMN = "_raydl_epoch"
 
@@ -80,6 +80,10 @@ class RankPlan:
             self._orders.clear()          # one epoch at a time: the consumer and the planner move forward
             self._orders[epoch] = SplitReader(self.info, self.split, seed=self.seed, shuffle=self.shuffle).order(epoch)
         return self._orders[epoch]
+
+    def __getstate__(self) -> dict:
+        """Pickled into every read task: without the orders, which the tasks do not use (a large dataset's are MBs)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_orders"}
 
     def step_runs(self, position: DataPosition) -> list[Run]:
         return self.order(position.epoch).step_runs(position.offset, global_batch=self.global_batch,

@@ -36,7 +36,7 @@ OPEN_SHARDS = 64
 CACHED_GROUPS = 2 * LANES + 2
 
 # (path, size, mtime, sha256) of the shard files this process has hashed and found intact. Per
-# process, not per reader: a Ray Data read task builds a reader for a few windows, and its
+# process, not per reader: a Ray Data read task builds a reader for a few dozen row groups, and its
 # worker process runs many such tasks.
 _VERIFIED: set[tuple[str, int, int, str]] = set()
 
@@ -59,7 +59,7 @@ def verify(f: pa.NativeFile, path: str, *, expected: str, mtime_ns: int) -> None
 
 def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
     """`table.take(indices)`, gathering with numpy: Arrow's take on fixed-size-list columns was 3x
-    slower (raydl bench ingest, 512-token rows), and every window is gathered once per epoch."""
+    slower (raydl bench ingest, 512-token rows), and every row group is gathered once per epoch."""
     columns = []
     for col in table.columns:
         col = col.combine_chunks()
@@ -87,7 +87,7 @@ class SplitReader:
         # (epoch, row group) -> its rows in the epoch's shuffled order, least recently used first
         self._groups: collections.OrderedDict[tuple[int, int], pa.Table] = collections.OrderedDict()
         self._order: EpochOrder | None = None
-        # Shards kept open: a shuffled window hops between shards, and reopening re-parses the footer.
+        # Shards kept open: the shuffled lanes hop between shards, and reopening re-parses the footer.
         self._files: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()
 
     def order(self, epoch: int) -> EpochOrder:

@@ -13,10 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raydl.bench.ingest import dataset_decoded_bytes
 from raydl.checksum import sha256_file
 from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
-from raydl.data.loader import StepLoader
+from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
 from raydl.data.prepare import prepare
 from raydl.errors import ConfigError, DataError
@@ -190,12 +191,6 @@ def test_the_loader_reads_no_shard_outside_the_dataset(tmp_path, entry):
         StepLoader(hostile, global_batch=GB, dp_rank=0, dp_size=1, seed=0, shuffle=True, position=DataPosition())
 
 
-def decoded_bytes_of_the_dataset(path: Path) -> int:
-    """What decoding every train row group once costs: the denominator of a rank's share."""
-    return sum(f.read_row_group(i).nbytes for f in map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
-               for i in range(f.num_row_groups))
-
-
 def rank_epoch(info, *, global_batch: int, dp_rank: int, dp_size: int, start: DataPosition,
                steps: int) -> tuple[list[int], int]:
     """Ids of `steps` steps of one rank from `start`, and the bytes its reader decoded for them."""
@@ -208,7 +203,7 @@ def rank_epoch(info, *, global_batch: int, dp_rank: int, dp_size: int, start: Da
 @pytest.mark.parametrize("dp", [2, 4])
 def test_each_rank_decodes_about_its_share_of_the_rows(tmp_path, dp):
     path = make_dataset(tmp_path, shards=8, rows=640)        # row groups of 256, 256 and 128 rows: lanes of unequal length
-    info, total = open_dataset(str(path)), decoded_bytes_of_the_dataset(path)
+    info, total = open_dataset(str(path)), dataset_decoded_bytes(path)
     steps = 5120 // GB
     ranks = [rank_epoch(info, global_batch=GB, dp_rank=r, dp_size=dp, start=DataPosition(), steps=steps)
              for r in range(dp)]
@@ -227,3 +222,12 @@ def test_a_resize_mid_epoch_reads_the_epoch_exactly_once(tmp_path):
     ids += [i for r in range(3) for i in rank_epoch(info, global_batch=gb, dp_rank=r, dp_size=3,
                                                     start=DataPosition(0, half * gb), steps=steps - half)[0]]
     assert len(ids) == len(set(ids)) == steps * gb and set(ids) <= train_ids(path)
+
+
+def test_eval_ranks_take_contiguous_runs_of_the_same_rows(tmp_path):
+    path = make_dataset(tmp_path)                  # 137 eval rows: 2 micro-batches of 32 per rank at dp=2
+    info = open_dataset(str(path))
+    first = pq.read_table(next(path.glob("eval-*.parquet")))["id"].to_pylist()[:2 * 32 * 2]
+    ranks = [[i for b in eval_batches(info, batch=32, dp_rank=r, dp_size=2, max_batches=4) for i in b["id"].tolist()]
+             for r in range(2)]
+    assert ranks == [first[:64], first[64:]]       # the first 4 micro-batches, as before; each rank a run of them
