@@ -4,6 +4,10 @@
     raydl sweep --config jobs/configs/sweep-default.yaml --set train.max_steps=50
     raydl sweep --config sweep.yaml --address auto
     raydl sweep --resume runs/sweep-20260101-120000
+    raydl -v sweep                                # also Tune's own progress tables
+
+The report has each trial's start (seconds from its start to its first finished step); a 1-worker trial
+trains in its Tune trial's own process, which the next trial reuses.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ SWEEP_HELP = """sweep file (YAML):
   sample_budget: 0                samples per trial (max_steps = budget / batch); 0 = base max_steps * base batch
   micro_batch: per_worker         per_worker: micro-batch = global batch / workers (no accumulation) | config
   num_samples: 1                  repeats of the grid (random dimensions drawn anew)
-  max_concurrent_trials: 0        0 = as many as the cluster fits (1 CPU per trial driver + its workers)
+  max_concurrent_trials: 0        0 = as many as the cluster fits (a 1-worker trial: its worker's CPUs;
+                                  a larger one: 1 CPU for its Train driver + its workers')
   asha: false                     true or {grace_samples: N, reduction_factor: 2}: stop bad trials early
 """
 
