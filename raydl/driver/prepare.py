@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from raydl.config import JobConfig, default_run_dir
 from raydl.driver.tensorboard import require_installed
@@ -28,6 +29,16 @@ from raydl.train import checkpoint as ckpt
 
 
 RUN_ID_FILE = "run_id"
+
+
+class SkipWeightInit(TorchFunctionMode):
+    """Weight init does nothing to meta tensors, yet torch's meta normal_ imports torch._dynamo first: a second or
+    more of every run's start on the driver (raydl bench startup)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init" or func is torch.Tensor.normal_:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -51,7 +62,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     chosen = choose_model(cfg.model, model)
     info = chosen.open_dataset(cfg)
     data_path = info.root
-    with torch.device("meta"):     # shapes only: counting blocks and parameters allocates no weights
+    with torch.device("meta"), SkipWeightInit():   # shapes only: counting blocks and parameters allocates no weights
         built = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     check_layout(cfg, num_blocks=len(built.blocks))
     resume_from = None
