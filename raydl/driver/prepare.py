@@ -25,7 +25,6 @@ from raydl.models.spec import ModelSpec
 from raydl.overrides import dump_yaml
 from raydl.parallel.mesh import Layout
 from raydl.telemetry.cost import Pricing
-from raydl.train import checkpoint as ckpt
 
 
 RUN_ID_FILE = "run_id"
@@ -67,6 +66,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     check_layout(cfg, num_blocks=len(built.blocks))
     resume_from = None
     if resume:
+        from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
+
         resume_from = ckpt.resolve_resume(resume)
         ckpt.check_compatible(ckpt.read_state(resume_from), chosen.fingerprint(built), resume_from)
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
@@ -106,6 +107,8 @@ def remove_if_never_started(run_dir: Path) -> bool:
     """Remove a run directory that a failed run left without a step or a checkpoint; True if removed.
 
     Only the files raydl itself writes before the first step may be there, so nothing of anyone else's goes."""
+    from raydl.train import checkpoint as ckpt   # only on a failure: see prepare_run
+
     if (run_dir / "metrics.jsonl").exists() or ckpt.all_complete(run_dir):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)

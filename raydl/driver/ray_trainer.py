@@ -138,13 +138,20 @@ def use_gpu(cfg: JobConfig) -> bool:
     return cfg.scaling.use_gpu == "true"
 
 
+def run_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """raydl.train.loop.train_worker, imported on the worker only: its imports (torch.distributed.checkpoint,
+    torch._dynamo) took the driver a second or more before `fit`, for a function only the workers run."""
+    from raydl.train.loop import train_worker
+
+    return train_worker(job)
+
+
 def build_trainer(run: PreparedRun, *, callbacks=()):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     from raydl.driver.callbacks import MetricsCallback
     from raydl.driver.failure_policy import RaydlTrainer
     from raydl.driver.tensorboard import events_dir
-    from raydl.train.loop import train_worker
 
     s, cfg = run.cfg.scaling, run.cfg
     resources = worker_resources(cfg)
@@ -152,7 +159,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     storage = cfg.checkpoint.storage_path or str(run.run_dir)
     gpu = "GPU" in resources
     trainer = RaydlTrainer(
-        train_worker,
+        run_worker,
         train_loop_config=run.job,
         scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if elastic else s.max_workers,
                                      use_gpu=gpu, resources_per_worker=resources,
