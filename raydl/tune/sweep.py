@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
@@ -46,6 +47,8 @@ from raydl.tune.trial_session import InTrialSession, TrialMetrics
 
 SWEEP_FILE, TUNE_DIR, TRIALS_DIR, COMPLETED_FILE = "sweep.yaml", "tune", "trials", "completed_trials.txt"
 STARTS_FILE = "trial_starts.jsonl"
+
+log = logging.getLogger(__name__)
 
 
 class TrialReporter(TuneReportCallback):
@@ -151,15 +154,15 @@ class Progress(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         note_start(self.completed.parent, trial=trial.trial_id)
-        print(f"[raydl] trial {trial.trial_id} started: {_short(trial.config)}", flush=True)
+        log.info(f"trial {trial.trial_id} started: {_short(trial.config)}")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         with self.completed.open("a") as f:
             f.write(trial.trial_id + "\n")
-        print(f"[raydl] trial {trial.trial_id} finished", flush=True)
+        log.info(f"trial {trial.trial_id} finished")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        print(f"[raydl] trial {trial.trial_id} failed (recorded as infeasible)", flush=True)
+        log.info(f"trial {trial.trial_id} failed (recorded as infeasible)")
 
 
 def note_start(sweep_dir: Path, **what: str) -> None:
@@ -249,7 +252,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
     sweep_dir = new_sweep_dir(spec)
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    print(f"[raydl] sweep directory: {sweep_dir} ({num_trials(spec)} trials, {concurrency} at a time)", flush=True)
+    log.info(f"sweep directory: {sweep_dir} ({num_trials(spec)} trials, {concurrency} at a time)")
     return _finish(spec, sweep_dir, _tuner(spec, sweep_dir, concurrency, model))
 
 
@@ -265,7 +268,7 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=Non
                           "pass the directory that `raydl sweep` printed as 'sweep directory'")
     spec = parse_sweep(yaml.safe_load((sweep_dir / SWEEP_FILE).read_text()))
     connect(address, ray_env(spec.base_config()))
-    print(f"[raydl] resuming sweep {sweep_dir}", flush=True)
+    log.info(f"resuming sweep {sweep_dir}")
     tuner = tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=_trainable(spec, sweep_dir, model),
                                resume_unfinished=True, resume_errored=False)
     return _finish(spec, sweep_dir, tuner)
@@ -365,12 +368,12 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
         config = trial_config(spec, best["params"]).to_dict()
         report.write_best(best, config, sweep_dir / "best.yaml", objective=f"{spec.objective} ({key} {mode})",
                           sweep_dir=sweep_dir)
-    print(table, flush=True)
+    print(table, flush=True)     # the command's result: stdout
     if not_started or any(r["status"] == "unfinished" for r in rows):
-        print(f"[raydl] sweep interrupted ({not_started} trials not started yet); continue it with: "
-              f"raydl sweep --resume {sweep_dir}", flush=True)
-    print(f"[raydl] best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
-          f"results in {sweep_dir}", flush=True)
+        log.warning(f"sweep interrupted ({not_started} trials not started yet); continue it with: "
+                    f"raydl sweep --resume {sweep_dir}")
+    log.info(f"best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
+             f"results in {sweep_dir}")
     summary["table"] = table
     return summary
 
