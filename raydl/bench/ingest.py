@@ -14,7 +14,7 @@ Ray's worker processes), the median of the rest is the run's rows/s. The variant
 and the data-wait share of training runs' summary.json; writes --out (JSON).
 
 Then, for each --dp, dp processes at once, one per data-parallel rank (arrow backend), each reading one
-epoch as its rank: the bytes each decoded (the decoded tables' nbytes) as a share of decoding the
+epoch as its rank: the bytes each decoded (the decoded tables' buffer sizes) as a share of decoding the
 whole dataset once, against the goal 1/dp + 0.10 (issue 15: a rank decodes only the rows it trains on).
 """
 
@@ -111,7 +111,7 @@ def dataset_decoded_bytes(path: Path) -> int:
     """Decoding every train row group once: what a rank's decoded bytes are a share of."""
     import pyarrow.parquet as pq
 
-    return sum(f.read_row_group(i).nbytes for f in map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
+    return sum(f.read_row_group(i).get_total_buffer_size() for f in map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
                for i in range(f.num_row_groups))
 
 

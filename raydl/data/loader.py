@@ -49,21 +49,28 @@ def to_tensors(table: pa.Table, meta: dict) -> dict[str, torch.Tensor]:
     batch's longest row, with its `<column>_mask`. Columns no model can read (strings, structs) are left out."""
     out = {}
     for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        shape = tensor_shape(col.type)
+        chunks = table.column(name)
+        shape = tensor_shape(chunks.type)
         if shape is None:
             continue
         if shape == [VARIABLE]:
-            out[name], out[name + MASK_SUFFIX] = _padded(col)
+            out[name], out[name + MASK_SUFFIX] = _padded(chunks.combine_chunks())
             continue
-        if shape:
-            arr = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), col.type.list_size)
-        else:
-            arr = col.to_numpy(zero_copy_only=False)
-        out[name] = torch.from_numpy(np.array(arr, copy=not arr.flags.writeable, order="C"))
+        # One copy from the step's pieces (a slice per row group) straight into the tensor's memory.
+        out[name] = torch.from_numpy(np.concatenate([_numpy(chunk, bool(shape)) for chunk in chunks.chunks]))
     if "image" in out:
         out["image"] = out["image"].view(-1, *meta["image_shape"])
     return out
+
+
+def _numpy(chunk: pa.Array, is_list: bool) -> np.ndarray:
+    """A chunk as numpy, without a copy where Arrow allows: (rows, list size) for a fixed-size list (its values
+    sliced directly: `flatten` went through Arrow's compute layer, for each of a step's pieces)."""
+    if is_list:
+        size = chunk.type.list_size
+        values = chunk.values.slice(chunk.offset * size, len(chunk) * size)
+        return values.to_numpy(zero_copy_only=False).reshape(len(chunk), size)
+    return chunk.to_numpy(zero_copy_only=False)
 
 
 def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,11 +145,10 @@ class StepLoader:
         preprocess = make_preprocess(self.meta, augment=self.augment, seed=self.seed)
         while True:
             order = self.reader.order(epoch)
-            while offset + self.global_batch <= order.num_rows:
-                table = self.reader.gather(order, order.step_runs(offset, global_batch=self.global_batch,
-                                                                  dp_rank=self.dp_rank, dp_size=self.dp_size))
+            for runs in order.steps_runs(offset, steps=steps_per_epoch(order.num_rows - offset, self.global_batch),
+                                         global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size):
+                table = self.reader.gather(order, runs)
                 yield epoch, preprocess(table, epoch) if preprocess else table
-                offset += self.global_batch
             epoch, offset = epoch + 1, 0
 
     def __iter__(self) -> Iterator[StepBatch]:
