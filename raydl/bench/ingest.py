@@ -111,8 +111,8 @@ def dataset_decoded_bytes(path: Path) -> int:
     """Decoding every train row group once: what a rank's decoded bytes are a share of."""
     import pyarrow.parquet as pq
 
-    return sum(f.read_row_group(i).get_total_buffer_size() for f in map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
-               for i in range(f.num_row_groups))
+    files = map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
+    return sum(f.read_row_group(i).get_total_buffer_size() for f in files for i in range(f.num_row_groups))
 
 
 def decode_shares(args: argparse.Namespace, path: Path) -> dict[str, Any]:

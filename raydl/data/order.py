@@ -10,10 +10,11 @@ dropped (drop_last), the same for every world size.
 Shuffling works at two levels so a row never needs random access: the row groups
 (`ROW_GROUP_ROWS` rows) are permuted and dealt to `LANES` lanes (largest first, each to the
 lane with the fewest rows so far, so lanes end within about a row group of each other; a lane
-reads its groups in the permuted order), and each row group's rows are permuted. The sequence interleaves the lanes round-robin: position j takes the
-next row of lane j mod LANES, continuing over the lanes that still have rows once the
-shortest has ended. A step's rows therefore mix `LANES` row groups. Same seed and epoch ->
-same order; the next epoch -> a different one. Without shuffling there is one lane: file order.
+reads its groups in the permuted order), and each row group's rows are permuted. The
+sequence interleaves the lanes round-robin: position j takes the next row of lane j mod
+LANES, continuing over the lanes that still have rows once the shortest has ended. A step's
+rows therefore mix `LANES` row groups. Same seed and epoch -> same order; the next epoch ->
+a different one. Without shuffling there is one lane: file order.
 
 Which rank takes which rows of a step is free (the step's set of rows is fixed): the step's
 positions sorted by (lane, position), rank r takes the r-th contiguous 1/dp of them. When dp

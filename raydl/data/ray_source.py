@@ -85,9 +85,6 @@ class RankPlan:
         """Pickled into every read task: without the orders, which the tasks do not use (a large dataset's are MBs)."""
         return {k: v for k, v in self.__dict__.items() if k != "_orders"}
 
-    def step_runs(self, position: DataPosition) -> list[Run]:
-        return self.order(position.epoch).step_runs(position.offset, global_batch=self.global_batch,
-                                                    dp_rank=self.dp_rank, dp_size=self.dp_size)
 
 
 @dataclass(frozen=True)
@@ -121,8 +118,8 @@ def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shu
         blocks = _unwrapped(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=max(prefetch, 1)))
         tables = GroupTables(blocks, source.reads)
         try:
-            for index, step in enumerate(source.steps):
-                yield step.epoch, tables.step(index, step.epoch, plan.step_runs(step))
+            for index, (epoch, runs) in enumerate(source.step_runs()):
+                yield epoch, tables.step(index, epoch, runs)
         finally:
             blocks.close()
             _join_fetch_threads(threads)
@@ -214,15 +211,16 @@ def _read_groups(plan: RankPlan, reads: list[Read], tag_epoch: bool) -> Iterator
 class PlannedParquet(Datasource):
     """The row groups this rank takes rows of, in the order it first needs them, from `start` on, for the
     steps (`PLAN_STEPS` at a time, across epochs) until there are `READS_PER_EXECUTION` of them;
-    `GROUPS_PER_TASK` per read task. `steps`: where each of this execution's steps starts; `end`: after the last."""
+    `GROUPS_PER_TASK` per read task. `spans`: (start, steps) of this execution's runs of steps; `end`: after them."""
 
     def __init__(self, plan: RankPlan, start: DataPosition, *, tag_epoch: bool):
         super().__init__()
         self.plan, self.tag_epoch = plan, tag_epoch
         self.reads: list[Read] = []
-        self.steps: list[DataPosition] = []
+        self.spans: list[tuple[DataPosition, int]] = []
+        self.step_count = 0
         epoch, offset = start.epoch, start.offset
-        while not self.steps or len(self.reads) < READS_PER_EXECUTION:
+        while not self.step_count or len(self.reads) < READS_PER_EXECUTION:
             order = plan.order(epoch)
             left = steps_per_epoch(order.num_rows - offset, plan.global_batch)
             count = min(left, PLAN_STEPS)
@@ -233,7 +231,7 @@ class PlannedParquet(Datasource):
         self.end = DataPosition(epoch, offset)
 
     def _plan(self, order: EpochOrder, offset: int, count: int) -> None:
-        """Reads and step starts of `count` steps from `offset` of `order`'s epoch."""
+        """Reads and span of `count` steps from `offset` of `order`'s epoch."""
         if not count:
             return
         step, group, row = order.rank_rows(offset, steps=count, global_batch=self.plan.global_batch,
@@ -242,10 +240,19 @@ class PlannedParquet(Datasource):
         lo, hi, last = np.full(len(groups), row.max()), np.zeros(len(groups), row.dtype), np.zeros(len(groups), int)
         np.minimum.at(lo, which, row)
         np.maximum.at(hi, which, row + 1)
-        np.maximum.at(last, which, step + len(self.steps))
+        np.maximum.at(last, which, step + self.step_count)
         self.reads += [Read(order.epoch, int(groups[i]), int(lo[i]), int(hi[i]), int(last[i]))
                        for i in np.argsort(first).tolist()]
-        self.steps += [DataPosition(order.epoch, offset + i * self.plan.global_batch) for i in range(count)]
+        self.spans.append((DataPosition(order.epoch, offset), count))
+        self.step_count += count
+
+    def step_runs(self) -> Iterator[tuple[int, list[Run]]]:
+        """(epoch, this rank's runs) of each step of the execution, in order: what the arrow backend gathers."""
+        plan = self.plan
+        for start, count in self.spans:
+            for runs in plan.order(start.epoch).steps_runs(start.offset, steps=count, global_batch=plan.global_batch,
+                                                           dp_rank=plan.dp_rank, dp_size=plan.dp_size):
+                yield start.epoch, runs
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None

@@ -202,7 +202,7 @@ def rank_epoch(info, *, global_batch: int, dp_rank: int, dp_size: int, start: Da
 
 @pytest.mark.parametrize("dp", [2, 4])
 def test_each_rank_decodes_about_its_share_of_the_rows(tmp_path, dp):
-    path = make_dataset(tmp_path, shards=8, rows=640)        # row groups of 256, 256 and 128 rows: lanes of unequal length
+    path = make_dataset(tmp_path, shards=8, rows=640)        # row groups of 256, 256 and 128 rows
     info, total = open_dataset(str(path)), dataset_decoded_bytes(path)
     steps = 5120 // GB
     ranks = [rank_epoch(info, global_batch=GB, dp_rank=r, dp_size=dp, start=DataPosition(), steps=steps)
