@@ -15,7 +15,8 @@ and the data-wait share of training runs' summary.json; writes --out (JSON).
 
 Then, for each --dp, dp processes at once, one per data-parallel rank (arrow backend), each reading one
 epoch as its rank: the bytes each decoded (the decoded tables' buffer sizes) as a share of decoding the
-whole dataset once, against the goal 1/dp + 0.10 (issue 15: a rank decodes only the rows it trains on).
+whole dataset once, against the goal 1/dp + 0.10 (issue 15: a rank decodes only the rows it trains on);
+and the same share for data.backend=ray, computed from the row groups its read plan gives each rank.
 """
 
 from __future__ import annotations
@@ -107,17 +108,41 @@ def rank_epoch(path: Path, batch: int, dp_rank: int, dp_size: int) -> dict[str, 
     return {"rows": rows, "epoch_s": time.perf_counter() - t0, "decoded_bytes": loader.reader.decoded_bytes}
 
 
-def dataset_decoded_bytes(path: Path) -> int:
-    """Decoding every train row group once: what a rank's decoded bytes are a share of."""
+def row_group_bytes(path: Path) -> list[int]:
+    """Decoded bytes of each train row group, numbered as raydl.data.order numbers them."""
     import pyarrow.parquet as pq
 
-    files = map(pq.ParquetFile, sorted(path.glob("train-*.parquet")))
-    return sum(f.read_row_group(i).get_total_buffer_size() for f in files for i in range(f.num_row_groups))
+    from raydl.data.dataset import open_dataset
+
+    files = map(pq.ParquetFile, open_dataset(str(path)).shard_paths["train"])
+    return [f.read_row_group(i).get_total_buffer_size() for f in files for i in range(f.num_row_groups)]
+
+
+def dataset_decoded_bytes(path: Path) -> int:
+    """Decoding every train row group once: what a rank's decoded bytes are a share of."""
+    return sum(row_group_bytes(path))
+
+
+def ray_planned_bytes(path: Path, batch: int, dp_rank: int, dp_size: int, sizes: list[int]) -> int:
+    """data.backend=ray: what the read tasks of one rank decode in epoch 0, from the reads they are given (each
+    decodes its whole row group). Computed, not timed: no Ray cluster is started."""
+    from raydl.data.dataset import open_dataset
+    from raydl.data.order import DataPosition
+    from raydl.data.ray_source import PlannedParquet, RankPlan
+
+    plan = RankPlan(open_dataset(str(path)), "train", 0, True, batch, dp_rank, dp_size)
+    position, decoded = DataPosition(), 0
+    while position.epoch == 0:
+        source = PlannedParquet(plan, position, tag_epoch=False)
+        decoded += sum(sizes[read.group] for read in source.reads if read.epoch == 0)
+        position = source.end
+    return decoded
 
 
 def decode_shares(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     """Per --dp: dp rank processes at once, one epoch each; their decoded bytes as a share of the dataset's."""
-    total, out = dataset_decoded_bytes(path), {}
+    sizes = row_group_bytes(path)
+    total, out = sum(sizes), {}
     for dp in args.dp:
         procs = [subprocess.Popen(own_command(args, "--rank", f"{r}/{dp}"), env={**os.environ, "OMP_NUM_THREADS": "1"},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(dp)]
@@ -125,7 +150,11 @@ def decode_shares(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         shares, goal = [r["decoded_bytes"] / total for r in ranks], 1 / dp + 0.10
         print(f"[bench] dp={dp}: each rank decoded {', '.join(f'{s:.3f}' for s in shares)} of the dataset "
               f"(goal <= {goal:.2f}: {'met' if max(shares) <= goal else 'NOT met'})", flush=True)
-        out[str(dp)] = {"decoded_share": shares, "goal": goal, "met": max(shares) <= goal, "ranks": ranks}
+        ray_shares = [ray_planned_bytes(path, args.batch, r, dp, sizes) / total for r in range(dp)]
+        print(f"[bench] dp={dp}, data.backend=ray (from its read plan): {', '.join(f'{s:.3f}' for s in ray_shares)}",
+              flush=True)
+        out[str(dp)] = {"decoded_share": shares, "goal": goal, "met": max(shares) <= goal, "ranks": ranks,
+                        "ray_planned_share": ray_shares}
     return {"dataset_decoded_bytes": total, "by_dp": out}
 
 
