@@ -73,19 +73,6 @@ def connect(address: str | None, env: dict[str, str]) -> None:
                  logging_level=raydl_log.ray_log_level())
 
 
-def start_autoscaling_coordinator() -> None:
-    """Start Ray Train's AutoscalingCoordinator actor (by its name, as Train gets it) without waiting for it.
-
-    Train's controller asks it for the workers' resources before it starts them and waits for it; started here,
-    its process boots while the driver and the controller start: about 1.5 s less to the first step on a fresh
-    Ray (raydl bench startup). On a cluster that already has it, this finds it."""
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        get_or_create_autoscaling_coordinator,
-    )
-
-    get_or_create_autoscaling_coordinator()
-
-
 def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
     """How many workers of `per_worker` resources the nodes can place (a worker lives on one node)."""
     return sum(int(min(node.get(k, 0.0) / v for k, v in per_worker.items() if v > 0)) for node in nodes)
@@ -228,7 +215,6 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
 
     connect(address, ray_env(run.cfg))
     marks.mark("ray_connected")
-    start_autoscaling_coordinator()
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
