@@ -7,6 +7,7 @@ latest of each over its ranks (the slowest rank holds the first step back) with 
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -50,7 +51,7 @@ def breakdown(marks: dict[str, float]) -> dict[str, Any]:
     start = marks["command_start"]
     present = [name for name in ORDER if name in marks]
     at = {name: round(marks[name] - start, 3) for name in present}
-    phases = {name: round(at[name] - at[before], 3) for before, name in zip(present, present[1:])}
+    phases = {name: round(at[name] - at[before], 3) for before, name in itertools.pairwise(present)}
     return {"at_s": at, "phase_s": phases, "to_first_step_s": at.get("first_step")}
 
 

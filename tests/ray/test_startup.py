@@ -17,7 +17,7 @@ def test_summary_has_the_startup_phases_in_order(tiny_overrides, tmp_path):
     run_dir = tmp_path / "run"
     sets = [*tiny_overrides, "train.max_steps=3", f"run.dir={run_dir}"]
     command = [str(Path(sys.executable).parent / "raydl"), "train", *(a for s in sets for a in ("--set", s))]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
 
     startup = json.loads((run_dir / "summary.json").read_text())["startup"]
