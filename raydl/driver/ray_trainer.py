@@ -16,6 +16,7 @@ from raydl import log as raydl_log
 from raydl.config import JobConfig
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.stop import SignalStop, start_stop_request
+from raydl.driver.cluster_watch import LocalRayletWatch
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
 from raydl.telemetry import startup
@@ -219,13 +220,15 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
     stop = start_stop_request(run.job["stop_actor"])
+    watch = LocalRayletWatch(lambda: str(cluster_lost(run, address, "this machine's raylet stopped answering")),
+                             ClusterLost.exit_code)
     try:
-        with SignalStop(on_first=lambda signum: stop.request.remote(signum)):
+        with SignalStop(on_first=lambda signum: stop.request.remote(signum)), watch:
             trainer = build_trainer(run)
             marks.mark("fit_called")
             return trainer.fit()
     except (RayActorError, RaySystemError) as e:   # the Train controller itself is gone: its cluster went away
-        raise cluster_lost(run, address, e) from None
+        raise cluster_lost(run, address, f"Ray Train's controller died ({one_line(e)[:300]})") from None
     except Exception as e:
         user_error = raydl_error_in(e)
         if user_error is None:
@@ -233,13 +236,13 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
 
 
-def cluster_lost(run: PreparedRun, address: str | None, error: Exception) -> ClusterLost:
+def cluster_lost(run: PreparedRun, address: str | None, cause: str) -> ClusterLost:
     from raydl.train import checkpoint as ckpt
 
     where = f"the Ray cluster at {address}" if address else "this process's local Ray"
     latest = ckpt.find_latest(run.run_dir)
     saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
     resume = f"raydl train --resume {run.run_dir}" + (f" --address {address}" if address else "")
-    return ClusterLost(f"{where} went away during the run: Ray Train's controller died ({one_line(error)[:300]}). "
+    return ClusterLost(f"{where} went away during the run: {cause}. "
                        f"{saved.capitalize()}. Fix: bring the cluster back (`ray status` on its head tells) and resume "
                        f"with `{resume}`.")

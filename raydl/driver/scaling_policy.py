@@ -11,20 +11,10 @@ connection: a vanished node's raylet port refuses or times out at once, while th
 
 from __future__ import annotations
 
-import socket
-
 import ray
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
 
-PROBE_TIMEOUT_S = 1.0
-
-
-def raylet_answers(node: dict, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    try:
-        with socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+from raydl.driver.cluster_watch import raylet_answers
 
 
 def live_only(reserved: dict[str, dict[str, float]], nodes: list[dict], answers=raylet_answers) -> dict[str, dict[str, float]]:

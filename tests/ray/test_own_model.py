@@ -36,8 +36,8 @@ def _sets(tmp_path: Path, data_cache: Path, steps: int) -> list[str]:
 
 
 def _printed_summary(out: str) -> dict:
-    """The summary `raydl train` prints last, after its progress lines."""
-    return json.loads(out[out.rindex("\n{\n") + 1:])
+    """The summary `raydl train` prints on stdout (its progress lines go to stderr)."""
+    return json.loads(out[out.find("\n{\n") + 1:])   # stdout carries the summary alone, or after other output
 
 
 def _losses(run_dir: str | Path) -> list[float]:
@@ -52,11 +52,12 @@ def _fell(losses: list[float]) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_import_path_model_trains_through_the_cli_in_a_pipeline(ray_session, own_model_dir, data_cache, capsys):
-    sets = _sets(own_model_dir, data_cache, 40) + ["model.name=mymodels.net:make_spec", "model.options.hidden=64",
+    # 80 steps: over 40 the loss fell 12-15% depending on the epoch's order, at the edge of _fell's 15%
+    sets = _sets(own_model_dir, data_cache, 80) + ["model.name=mymodels.net:make_spec", "model.options.hidden=64",
                                                    "parallel.pp_degree=2"]
     assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
     summary = _printed_summary(capsys.readouterr().out)
-    assert summary["layouts"][0]["pp"] == 2 and summary["steps"] == 40
+    assert summary["layouts"][0]["pp"] == 2 and summary["steps"] == 80
     assert _fell(_losses(summary["run_dir"])), _losses(summary["run_dir"])
     saved = json.loads((Path(summary["checkpoint"]) / "raydl_state.json").read_text())["model"]
     assert saved["name"] == "own_net" and saved["blocks"] == 2
@@ -74,7 +75,7 @@ def test_import_path_model_trains_through_raydl_train(ray_session, own_model_dir
 @pytest.mark.timeout(300)
 def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)   # the README runs it from the checkout
-    sets = _sets(tmp_path, data_cache, 40) + ["model.name=examples.mlp_classifier:spec", "model.options.hidden=64"]
+    sets = _sets(tmp_path, data_cache, 80) + ["model.name=examples.mlp_classifier:spec", "model.options.hidden=64"]
     assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
     summary = _printed_summary(capsys.readouterr().out)
     assert _fell(_losses(summary["run_dir"])) and summary["eval"]["accuracy"] is not None

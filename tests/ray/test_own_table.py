@@ -28,6 +28,6 @@ def test_examples_mlp_regressor_trains_on_its_own_table(ray_session, tmp_path, m
             "checkpoint.every_steps=60", "train.eval_batches=2", "telemetry.progress=false"]
     assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
     out = capsys.readouterr().out
-    summary = json.loads(out[out.rindex("\n{\n") + 1:])
+    summary = json.loads(out[out.find("\n{\n") + 1:])
     losses = [json.loads(line)["loss"] for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 60 and sum(losses[-5:]) < 0.25 * sum(losses[:5]), losses

@@ -63,7 +63,8 @@ def test_no_dataset_manager_without_datasets_and_no_cleaner_on_private_ray(priva
 
 
 def test_dead_unknown_and_silent_nodes_are_not_counted_for_a_restart():
-    from raydl.driver.scaling_policy import live_only, raylet_answers
+    from raydl.driver.cluster_watch import raylet_answers
+    from raydl.driver.scaling_policy import live_only
 
     with socket.socket() as listening, socket.socket() as closed:
         listening.bind(("127.0.0.1", 0))
