@@ -340,7 +340,8 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str],
     else:
         status, reason = "unfinished", "sweep interrupted; continue with --resume"
     attempts = _attempts(sweep_dir / TRIALS_DIR / trial_id)
-    cost = report.trial_cost([report.read_records(a) for a in attempts],
+    attempt_records = [report.read_records(a) for a in attempts]
+    cost = report.trial_cost(attempt_records,
                              metrics.get("eval_loss") if metrics.get("final") else None,
                              target=spec.target_loss, metric=spec.target_metric)
     return {"trial": trial_id, "params": params, "batch": cfg.train.global_batch_size,
@@ -349,7 +350,7 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str],
                                            "eval_accuracy", "time_to_target_s", "train_s")}, **cost,
             "steps": metrics.get("step"), "run_dir": str(attempts[-1]) if attempts else None,
             "attempts": len(attempts),
-            **report.start_times(starts, trial_id, report.read_records(attempts[-1]) if attempts else [])}
+            **report.start_times(starts, trial_id, attempt_records[-1] if attempt_records else [])}
 
 
 def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0) -> dict[str, Any]:
