@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raydl.bench.fault_cluster import poll
-from raydl.bench.procs import kill
+from raydl.bench.procs import free_port, kill
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,12 +111,6 @@ def epoch_ids(data_dir: Path) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------- gloo
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gloo_entry(rank: int, world_size: int, port: int, fn, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")

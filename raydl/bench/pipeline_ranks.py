@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -19,7 +18,15 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from raydl.bench import harness
-from raydl.bench.pipeline_model import PP, Clock, SavedBytes, build_model, linear_loss, saved_bytes
+from raydl.bench.pipeline_model import (
+    PP,
+    Clock,
+    SavedBytes,
+    build_model,
+    linear_loss,
+    saved_bytes,
+)
+from raydl.bench.procs import free_port
 from raydl.parallel.mesh import Layout
 from raydl.parallel.pipeline import pipeline_model
 
@@ -28,9 +35,7 @@ def run_ranks(settings: dict) -> dict[str, Any]:
     """{"p2p_latency_s", "by_rank": [rank 0's results, rank 1's]}, each rank's results one per config."""
     with tempfile.TemporaryDirectory(prefix="raydl-bench-pp-") as tmp:
         out = Path(tmp) / "result.json"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         mp.start_processes(_entry, args=(PP, port, settings, str(out)), nprocs=PP, start_method="spawn", join=True)
         return json.loads(out.read_text())
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -33,12 +32,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raydl.bench import harness
+from raydl.bench.procs import free_port
 from raydl.overrides import load_config
 from raydl.parallel import cluster_plan
 from raydl.parallel.cluster_plan import Measured
-from raydl.parallel.search import describe
 from raydl.parallel.profile import device_memory_bytes
 from raydl.parallel.profile_here import profile_here
+from raydl.parallel.search import describe
 from raydl.telemetry.cost import Pricing
 
 GOAL = 0.15
@@ -96,9 +96,7 @@ def measure_node(sets: list[str], workers: int) -> tuple[float, cluster_plan.Lin
     """(a worker's speed while `workers` processes measure at once, relative to one measuring alone just before;
     the loopback link between them)."""
     with tempfile.TemporaryDirectory(prefix="raydl-bench-node-") as tmp:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         mp.start_processes(_node_rank, args=(workers, port, sets, tmp), nprocs=workers, start_method="spawn")
         ranks = [json.loads(path.read_text()) for path in sorted(Path(tmp).glob("rank-*.json"))]
     alone = statistics.median(ranks[0]["alone_s"])

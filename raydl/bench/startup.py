@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 
 from raydl.bench import harness
 from raydl.bench.fault_cluster import poll
+from raydl.bench.procs import free_port
 from raydl.telemetry.startup import ORDER
 
 GOALS_S = {"cold": 15.0, "warm": 8.0}
@@ -40,12 +40,6 @@ OUTSIDE_RAY = ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "RAY_AUTH_
 class Head:
     proc: subprocess.Popen
     env: dict[str, str]     # what a client needs to find and join it with --address auto
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def private_env(ray_tmp: Path, **extra: str) -> dict[str, str]:
