@@ -5,7 +5,7 @@ cluster/local-fake.yaml with the head's real GCS address), autoscaler update eve
 Job: `raydl submit -- train` elastic with scaling.min_workers=1, max_workers=2 (1 CPU per worker).
 
 Expected sequence, each step polled with a deadline:
-  1. training starts at world size 1 on the head's single CPU;
+  1. training starts at world size 1 on the head's single CPU (or at 2, when the added node is up first);
   2. Train's elastic policy asks the autoscaler for max_workers bundles -> a `ray.worker.cpu` node (2 CPUs) is added;
   3. the run resizes 1 -> 2 workers (restart from its checkpoint) and finishes;
   4. the request is withdrawn and the idle node is removed.
@@ -99,7 +99,11 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
         run_dir = re.search(r'"run_dir": "([^"]+)"', logs).group(1)
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
         assert summary["steps"] == 200
-        assert summary["world_sizes"] == [1, 2], summary["world_sizes"]   # started small, grew onto the new node
+        # Started small and grew onto the new node; or, when the fake node came up before the first worker group
+        # was placed (a race with the autoscaler's 1 s updates, seen once in CI), started at 2 on it. Either way the
+        # job's request grew the cluster and the run trained on the added node (the 1 -> 2 resize itself is
+        # test_faults' test_node_added_run_grows_onto_it).
+        assert summary["world_sizes"] in ([1, 2], [2]), summary["world_sizes"]
         assert times["node_added"] < times["world_size_2"], times
         added = [n for n in alive_nodes(head) if not n["is_head_node"]]
         assert added and all(n["resources_total"].get("CPU") == 2 for n in added)   # ray.worker.cpu nodes
