@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from raydl.bench import harness
+from raydl.data.pieces import concat
 from raydl.data.shards import SplitReader
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
@@ -45,7 +46,7 @@ def plain_loop(cfg) -> dict[str, float]:
     chosen = choose_model(cfg.model)
     info = chosen.open_dataset(cfg)
     reader = SplitReader(info, "train", seed=0, shuffle=False)
-    table = reader.rows(reader.order(0), 0, reader.order(0).num_rows)
+    table = concat(reader.rows(reader.order(0), 0, reader.order(0).num_rows))
     inputs = torch.tensor(table.column("input_ids").to_pylist())
     labels = torch.tensor(table.column("labels").to_pylist())
     torch.manual_seed(cfg.train.seed)

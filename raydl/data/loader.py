@@ -32,6 +32,7 @@ from raydl.data.dataset import DatasetInfo
 from raydl.data.ledger import Ledger
 from raydl.data.order import DataPosition, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
+from raydl.data.pieces import Piece, concat, gather
 from raydl.data.shards import SplitReader
 from raydl.errors import DataError
 
@@ -44,33 +45,23 @@ class StepBatch:
     bad_shards: int = 0                # shards this rank has skipped so far (data.max_bad_shards)
 
 
-def to_tensors(table: pa.Table, meta: dict) -> dict[str, torch.Tensor]:
-    """Every tensor column (raydl.data.columns) as a tensor; a variable-length list column padded to the
-    batch's longest row, with its `<column>_mask`. Columns no model can read (strings, structs) are left out."""
-    out = {}
-    for name in table.column_names:
-        chunks = table.column(name)
-        shape = tensor_shape(chunks.type)
+def to_tensors(rows: pa.Table | list[Piece], meta: dict) -> dict[str, torch.Tensor]:
+    """Every tensor column (raydl.data.columns) of `rows` (a table, or a step's pieces) as a tensor; a
+    variable-length list column padded to the batch's longest row, with its `<column>_mask`. Columns no model
+    can read (strings, structs) are left out."""
+    pieces = [Piece.whole(rows)] if isinstance(rows, pa.Table) else rows
+    schema, out = pieces[0].source.table.schema, {}
+    for name, kind in zip(schema.names, schema.types):
+        shape = tensor_shape(kind)
         if shape is None:
             continue
         if shape == [VARIABLE]:
-            out[name], out[name + MASK_SUFFIX] = _padded(chunks.combine_chunks())
-            continue
-        # One copy from the step's pieces (a slice per row group) straight into the tensor's memory.
-        out[name] = torch.from_numpy(np.concatenate([_numpy(chunk, bool(shape)) for chunk in chunks.chunks]))
+            out[name], out[name + MASK_SUFFIX] = _padded(concat(pieces).column(name).combine_chunks())
+        else:
+            out[name] = torch.from_numpy(gather(pieces, name))
     if "image" in out:
         out["image"] = out["image"].view(-1, *meta["image_shape"])
     return out
-
-
-def _numpy(chunk: pa.Array, is_list: bool) -> np.ndarray:
-    """A chunk as numpy, without a copy where Arrow allows: (rows, list size) for a fixed-size list (its values
-    sliced directly: `flatten` went through Arrow's compute layer, for each of a step's pieces)."""
-    if is_list:
-        size = chunk.type.list_size
-        values = chunk.values.slice(chunk.offset * size, len(chunk) * size)
-        return values.to_numpy(zero_copy_only=False).reshape(len(chunk), size)
-    return chunk.to_numpy(zero_copy_only=False)
 
 
 def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,14 +116,14 @@ class StepLoader:
 
     def _produce(self) -> Iterator[StepBatch]:
         epoch, offset = self.position.epoch, self.position.offset
-        for table_epoch, table in self._tables():
-            if table_epoch != epoch:      # drop_last: a final partial global batch is skipped by every rank
-                epoch, offset = table_epoch, 0
+        for rows_epoch, rows in self._step_rows():
+            if rows_epoch != epoch:      # drop_last: a final partial global batch is skipped by every rank
+                epoch, offset = rows_epoch, 0
             offset += self.global_batch
-            yield StepBatch(to_tensors(table, self.meta), DataPosition(epoch, offset),
+            yield StepBatch(to_tensors(rows, self.meta), DataPosition(epoch, offset),
                             bad_shards=len(self.reader.bad_shards))
 
-    def _tables(self) -> Iterator[tuple[int, pa.Table]]:
+    def _step_rows(self) -> Iterator[tuple[int, list[Piece]]]:
         """(epoch, this rank's preprocessed rows) of every step from `position` on."""
         if self.backend == "ray":
             from raydl.data.ray_source import stream     # imports ray: only for this backend
@@ -147,8 +138,8 @@ class StepLoader:
             order = self.reader.order(epoch)
             for runs in order.steps_runs(offset, steps=steps_per_epoch(order.num_rows - offset, self.global_batch),
                                          global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size):
-                table = self.reader.gather(order, runs)
-                yield epoch, preprocess(table, epoch) if preprocess else table
+                rows = self.reader.gather(order, runs)
+                yield epoch, [Piece.whole(preprocess(concat(rows), epoch))] if preprocess else rows
             epoch, offset = epoch + 1, 0
 
     def __iter__(self) -> Iterator[StepBatch]:

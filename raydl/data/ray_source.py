@@ -51,6 +51,7 @@ from ray.data.datasource import Datasource, ReadTask
 from raydl.data.dataset import DatasetInfo
 from raydl.data.order import DataPosition, EpochOrder, Run, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
+from raydl.data.pieces import Decoded, Piece
 from raydl.data.shards import SplitReader
 from raydl.errors import DataError
 
@@ -98,7 +99,7 @@ class Read:
 
 
 def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shuffle: bool, global_batch: int,
-           dp_rank: int, dp_size: int, augment: bool, prefetch: int, read_cpus: float) -> Iterator[tuple[int, pa.Table]]:
+           dp_rank: int, dp_size: int, augment: bool, prefetch: int, read_cpus: float) -> Iterator[tuple[int, list[Piece]]]:
     """(epoch, this rank's rows) for each step from `start` on."""
     if not ray.is_initialized():
         raise DataError("data.backend=ray needs a Ray cluster, and this worker is not in one (torchrun?). "
@@ -173,20 +174,20 @@ class GroupTables:
     def __init__(self, blocks: Iterator[pa.Table], reads: list[Read]):
         self.blocks, self.reads = blocks, iter(reads)
         self.pending: pa.Table | None = None          # rows streamed but not yet cut into a read
-        self.ranges: dict[tuple[int, int], tuple[Read, pa.Table]] = {}
+        self.ranges: dict[tuple[int, int], tuple[Read, Decoded]] = {}
 
-    def step(self, index: int, epoch: int, runs: list[Run]) -> pa.Table:
-        parts = []
+    def step(self, index: int, epoch: int, runs: list[Run]) -> list[Piece]:
+        pieces = []
         for run in runs:
-            read, table = self._range(epoch, run.group)
-            parts.append(table.slice(run.start - read.lo, run.length))
+            read, decoded = self._range(epoch, run.group)
+            pieces.append(Piece(decoded, slice(run.start - read.lo, run.start - read.lo + run.length)))
         self.ranges = {key: value for key, value in self.ranges.items() if value[0].last_step > index}
-        return pa.concat_tables(parts)
+        return pieces
 
-    def _range(self, epoch: int, group: int) -> tuple[Read, pa.Table]:
+    def _range(self, epoch: int, group: int) -> tuple[Read, Decoded]:
         while (epoch, group) not in self.ranges:     # reads arrive in the order of their first use
             read = next(self.reads)
-            self.ranges[(read.epoch, read.group)] = (read, self._cut(read.hi - read.lo))
+            self.ranges[(read.epoch, read.group)] = (read, Decoded(self._cut(read.hi - read.lo)))
         return self.ranges[(epoch, group)]
 
     def _cut(self, rows: int) -> pa.Table:
@@ -202,7 +203,7 @@ def _read_groups(plan: RankPlan, reads: list[Read], tag_epoch: bool) -> Iterator
     takes; one block per read."""
     reader = SplitReader(plan.info, plan.split, seed=plan.seed, shuffle=plan.shuffle)
     for read in reads:
-        table = reader.group(reader.order(read.epoch), read.group).slice(read.lo, read.hi - read.lo)
+        table = reader.piece(reader.order(read.epoch), read.group, read.lo, read.hi - read.lo).arrow()
         if tag_epoch:
             table = table.append_column(EPOCH_COLUMN, pa.repeat(pa.scalar(read.epoch, pa.int32()), table.num_rows))
         yield table

@@ -2,8 +2,9 @@
 
 `SplitReader` opens shards (a few dozen kept open), checks each against the manifest's schema,
 and decodes only the row groups that the rows asked of it come from (raydl.data.order: a rank's
-rows of a step come from its lanes' row groups), keeping the last `CACHED_GROUPS` decoded and
-shuffled. `decoded_bytes` counts what it decoded (the tables' buffer sizes), for the ingest bench and
+rows of a step come from its lanes' row groups), keeping the last `CACHED_GROUPS` decoded with
+their shuffled order. It hands out rows as `Piece`s (a decoded row group and the indices taken from
+it), which the loader copies once into the step's tensors. `decoded_bytes` counts what it decoded (the tables' buffer sizes), for the ingest bench and
 its test. The arrow backend calls it in the training process's prefetch thread
 (raydl.data.loader), the ray backend in Ray Data read tasks (raydl.data.ray_source).
 
@@ -28,6 +29,7 @@ from raydl.checksum import sha256_stream
 from raydl.data.columns import is_variable_list, tensor_shape
 from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, schema_dict
 from raydl.data.order import LANES, EpochOrder, RowGroup, Run
+from raydl.data.pieces import Decoded, Piece
 from raydl.errors import DataError, one_line
 
 OPEN_SHARDS = 64
@@ -57,20 +59,6 @@ def verify(f: pa.NativeFile, path: str, *, expected: str, mtime_ns: int) -> None
     _VERIFIED.add(key)
 
 
-def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
-    """`table.take(indices)`, gathering with numpy: Arrow's take on fixed-size-list columns was 3x
-    slower (raydl bench ingest, 512-token rows), and every row group is gathered once per epoch."""
-    columns = []
-    for col in table.columns:
-        col = col.combine_chunks()
-        if pa.types.is_fixed_size_list(col.type) and col.null_count == 0 and col.type.value_type.bit_width % 8 == 0:
-            values = col.flatten().to_numpy().reshape(len(col), col.type.list_size)[indices]
-            columns.append(pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), col.type.list_size))
-        else:
-            columns.append(col.take(pa.array(indices)))
-    return pa.Table.from_arrays(columns, schema=table.schema)
-
-
 class SplitReader:
     """Random access to a split's rows in one epoch's order, a few row groups in memory at a time."""
 
@@ -84,8 +72,10 @@ class SplitReader:
         self.bad_shards: set[str] = set()
         self.schema: pa.Schema | None = None      # of the first shard read; every other must match
         self.decoded_bytes = 0
-        # (epoch, row group) -> its rows in the epoch's shuffled order, least recently used first
-        self._groups: collections.OrderedDict[tuple[int, int], pa.Table] = collections.OrderedDict()
+        # (epoch, row group) -> its decoded rows as stored and their order in the epoch (None: as stored),
+        # least recently used first
+        self._groups: collections.OrderedDict[tuple[int, int], tuple[Decoded, np.ndarray | None]] = \
+            collections.OrderedDict()
         self._order: EpochOrder | None = None
         # Shards kept open: the shuffled lanes hop between shards, and reopening re-parses the footer.
         self._files: collections.OrderedDict[str, pq.ParquetFile] = collections.OrderedDict()
@@ -177,21 +167,26 @@ class SplitReader:
         raise DataError(f"no shard of the {self.split} split of '{self.root}' can be read. Fix: re-create the "
                         f"dataset with `raydl data prepare`.")
 
-    def group(self, order: EpochOrder, group: int) -> pa.Table:
-        """The rows of row group `group`, in the epoch's shuffled order."""
+    def group(self, order: EpochOrder, group: int) -> tuple[Decoded, np.ndarray | None]:
+        """Row group `group` decoded, and the order of its rows in the epoch (None: as stored)."""
         key = (order.epoch, group)
         if key in self._groups:
             self._groups.move_to_end(key)
         else:
-            rows = self._read_row_group(order.row_groups[group])
-            self._groups[key] = take_rows(rows, order.row_permutation(group)) if order.shuffle else rows
+            permutation = order.row_permutation(group) if order.shuffle else None
+            self._groups[key] = (Decoded(self._read_row_group(order.row_groups[group])), permutation)
             if len(self._groups) > CACHED_GROUPS:
                 self._groups.popitem(last=False)
         return self._groups[key]
 
-    def gather(self, order: EpochOrder, runs: list[Run]) -> pa.Table:
-        return pa.concat_tables([self.group(order, r.group).slice(r.start, r.length) for r in runs])
+    def piece(self, order: EpochOrder, group: int, start: int, length: int) -> Piece:
+        """Rows [start, start + length) of row group `group` in the epoch's order."""
+        decoded, permutation = self.group(order, group)
+        return Piece(decoded, slice(start, start + length) if permutation is None else permutation[start:start + length])
 
-    def rows(self, order: EpochOrder, start: int, end: int) -> pa.Table:
+    def gather(self, order: EpochOrder, runs: list[Run]) -> list[Piece]:
+        return [self.piece(order, run.group, run.start, run.length) for run in runs]
+
+    def rows(self, order: EpochOrder, start: int, end: int) -> list[Piece]:
         """Rows [start, end) of the epoch sequence."""
         return self.gather(order, order.sequence_runs(start, end))

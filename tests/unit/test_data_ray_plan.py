@@ -10,6 +10,7 @@ from raydl.data import ray_source
 from raydl.data.dataset import open_dataset
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
+from raydl.data.pieces import concat
 from raydl.data.ray_source import GroupTables, PlannedParquet, RankPlan
 from tests.unit.test_data_loader import make_dataset
 
@@ -30,7 +31,7 @@ def ray_steps(path, dp_rank: int, dp_size: int, start: DataPosition, executions:
     for execution in range(executions):
         source = PlannedParquet(plan, position, tag_epoch=False)
         tables = GroupTables(streamed_blocks(source, execution), source.reads)
-        out += [(epoch, tables.step(i, epoch, runs)["id"].to_pylist())
+        out += [(epoch, concat(tables.step(i, epoch, runs))["id"].to_pylist())
                 for i, (epoch, runs) in enumerate(source.step_runs())]
         position = source.end
     return out
