@@ -28,6 +28,7 @@ end of the epoch, once the shortest lane has ended (within one row group of the 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
@@ -171,8 +172,11 @@ class EpochOrder:
             count = min(PLANNED_STEPS, steps - first)
             _, group, row = self.rank_rows(offset + first * global_batch, steps=count, global_batch=global_batch,
                                            dp_rank=dp_rank, dp_size=dp_size)
-            for s in range(0, count * per_rank, per_rank):
-                yield runs(group[s:s + per_rank], row[s:s + per_rank])
+            starts = run_starts(group, row, every=per_rank)
+            all_runs = runs_from(starts, group, row)
+            bounds = np.searchsorted(starts, np.arange(0, (count + 1) * per_rank, per_rank)).tolist()
+            for a, b in itertools.pairwise(bounds):
+                yield all_runs[a:b]
 
 
 def _bit_reversed(n: int) -> np.ndarray:
@@ -182,11 +186,21 @@ def _bit_reversed(n: int) -> np.ndarray:
 
 def runs(group: np.ndarray, row: np.ndarray) -> list[Run]:
     """(row group, row) pairs -> the fewest runs of consecutive rows of one group, in the same order."""
-    if not len(group):
-        return []
-    breaks = np.flatnonzero((np.diff(group) != 0) | (np.diff(row) != 1)) + 1
-    starts, ends = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(group)]])
-    return [Run(int(group[a]), int(row[a]), int(b - a)) for a, b in zip(starts.tolist(), ends.tolist())]
+    return runs_from(run_starts(group, row), group, row) if len(group) else []
+
+
+def run_starts(group: np.ndarray, row: np.ndarray, *, every: int = 0) -> np.ndarray:
+    """Where `runs` of the pairs start; with `every`, also at every `every`-th pair (where a step's rows
+    begin: a step's runs are then worked out with the others', at once)."""
+    start = np.concatenate([[True], (np.diff(group) != 0) | (np.diff(row) != 1)])
+    if every:
+        start[::every] = True
+    return np.flatnonzero(start)
+
+
+def runs_from(starts: np.ndarray, group: np.ndarray, row: np.ndarray) -> list[Run]:
+    lengths = np.diff(np.append(starts, len(group)))
+    return list(map(Run, group[starts].tolist(), row[starts].tolist(), lengths.tolist()))
 
 
 def steps_per_epoch(num_rows: int, global_batch: int) -> int:
