@@ -2,11 +2,11 @@
 
 Both readers hand a step over as `Piece`s: a decoded table (a row group, or a range a Ray Data read
 task sent) and the rows taken from it, in order: a slice, or indices in the row group's shuffled
-order. `gather` copies a column's rows of all the pieces straight into one array, from numpy views
-of the decoded buffers that each table makes once. Shuffling every row group into a copy first and
-then concatenating a step's slices of it (Arrow tables) had cost two copies, and per piece and
-column the Python calls around them: 0.6 ms per 256-row step, as much as a third of the decoding
-(raydl bench ingest).
+order. `gather` copies a column's rows of all the pieces into one array, from numpy views of the
+decoded buffers that each table makes once. Shuffling every row group into a copy first and then
+concatenating a step's slices of it as Arrow tables had cost a second copy and, per piece and
+column, the Python calls around it (raydl bench ingest's epoch: 0.15 -> 0.10 s of work besides the
+decoding, which takes 0.33 s).
 """
 
 from __future__ import annotations
