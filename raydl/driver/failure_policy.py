@@ -14,6 +14,7 @@ from ray.train.v2._internal.execution.failure_handling import FailureDecision, F
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
 from ray.train.v2.api.exceptions import WorkerGroupError
 
+from raydl.driver.late_start import LateCleanerCallback, watcher_started_late
 from raydl.driver.scaling_policy import LiveNodesElasticPolicy
 from raydl.errors import RaydlError
 
@@ -48,7 +49,8 @@ class FailFastOnRaydlErrors(FailurePolicy):
 
 class RaydlTrainer(TorchTrainer):
     """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy and, when
-    elastic, `LiveNodesElasticPolicy` (raydl.driver.scaling_policy), and that leaves Ctrl-C to raydl's handler.
+    elastic, `LiveNodesElasticPolicy` (raydl.driver.scaling_policy), that starts Train's guard actors once the
+    workers have reported (raydl.driver.late_start), and that leaves Ctrl-C to raydl's handler.
 
     Ray 2.60 builds the policy inside `fit()` with no public hook; these overrides of the two methods involved
     are pinned by pyproject's ray range and tested (tests/unit/test_failure_policy.py, tests/ray/test_stop.py)."""
@@ -57,7 +59,8 @@ class RaydlTrainer(TorchTrainer):
         controller_init_kwargs["failure_policy"] = FailFastOnRaydlErrors(controller_init_kwargs["failure_policy"])
         if isinstance(controller_init_kwargs["scaling_policy"], ElasticScalingPolicy):
             controller_init_kwargs["scaling_policy"] = LiveNodesElasticPolicy(self.scaling_config)
-        return super()._initialize_and_run_controller(**controller_init_kwargs)
+        with watcher_started_late(controller_init_kwargs["callbacks"]):
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)
 
@@ -67,14 +70,14 @@ class RaydlTrainer(TorchTrainer):
         one more process to spawn on the critical path of every start and restart. Train's
         PlacementGroupCleaner removes a run's placement group after its driver dies; on a private local Ray,
         which dies with the driver anyway and has no dashboard, it only logs a failed State API query every
-        second (98 lines in a default run). On a shared cluster it is needed: keep it there."""
+        second (98 lines in a default run). On a shared cluster it is needed: keep it there, launched once the
+        workers have reported (raydl.driver.late_start)."""
         from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-        unneeded = (DatasetsCallback,) if not self.datasets else ()
-        if self.private_ray:
-            unneeded += (PlacementGroupCleanerCallback,)
-        return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)]
+        unneeded = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
+        late_cleaner = [] if self.private_ray else [LateCleanerCallback()]
+        return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)] + late_cleaner
 
     def _register_sigint_handler(self, controller) -> None:
         """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.driver.stop`) checkpoints first."""

@@ -48,18 +48,19 @@ def test_diverged_error_is_one_paragraph_that_survives_pickling():
 
 
 @pytest.mark.parametrize("private_ray", [True, False])
-def test_no_dataset_manager_without_datasets_and_no_cleaner_on_private_ray(private_ray):
+def test_no_dataset_manager_without_datasets_and_a_late_cleaner_on_shared_clusters_only(private_ray):
     from ray.train import ScalingConfig
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
     from raydl.driver.failure_policy import RaydlTrainer
+    from raydl.driver.late_start import LateCleanerCallback
 
     trainer = RaydlTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=1))
     trainer.private_ray = private_ray
-    kinds = {type(c) for c in trainer._create_default_callbacks()}
-    assert DatasetsCallback not in kinds
-    assert (PlacementGroupCleanerCallback in kinds) is not private_ray
+    kinds = [type(c) for c in trainer._create_default_callbacks()]
+    assert DatasetsCallback not in kinds and PlacementGroupCleanerCallback not in kinds   # Train's own, at start
+    assert kinds.count(LateCleanerCallback) == (0 if private_ray else 1)
 
 
 def test_dead_unknown_and_silent_nodes_are_not_counted_for_a_restart():
