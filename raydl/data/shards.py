@@ -90,7 +90,9 @@ class SplitReader:
         if path in self.bad_shards:
             return self._placeholder(g.rows)
         try:
-            table = self._open(g.shard).read_row_group(g.index, use_threads=False)
+            # Columns decoded on Arrow's CPU pool, as plain pyarrow does by default (raydl bench ingest: 0.78 -> 0.81
+            # of it); in training this runs on the prefetch thread, beside the step.
+            table = self._open(g.shard).read_row_group(g.index, use_threads=True)
         except (OSError, pa.ArrowException, ChecksumMismatch) as e:
             return self._skip(path, g, e)
         self.decoded_bytes += table.get_total_buffer_size()     # a sum; nbytes walked the buffers: 9% of an epoch
