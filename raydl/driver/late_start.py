@@ -8,8 +8,8 @@ CPU and one of the raylet's worker-start slots from the workers, and the first s
 the same CPU once, and guard the run from then on: the cleaner removes the group's placement group if the
 controller dies, the watcher passes drain notices to the workers (raydl's checkpoint at a preemption notice).
 
-The hooks overridden here are Ray 2.60's (pinned by pyproject's ray range); tests/unit/test_late_start.py and
-tests/ray/test_faults.py (preemption) cover them.
+The hooks overridden here are Ray 2.60's (pinned by pyproject's ray range); tests/unit/test_late_start.py,
+tests/ray/test_late_start.py and tests/ray/test_faults.py (preemption) cover them.
 """
 
 from __future__ import annotations
