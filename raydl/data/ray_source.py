@@ -201,7 +201,7 @@ class GroupTables:
 def _read_groups(plan: RankPlan, reads: list[Read], tag_epoch: bool) -> Iterator[pa.Table]:
     """Runs in a Ray Data read task: for each read, decode and shuffle its row group, keep the range this rank
     takes; one block per read."""
-    reader = SplitReader(plan.info, plan.split, seed=plan.seed, shuffle=plan.shuffle)
+    reader = SplitReader(plan.info, plan.split, seed=plan.seed, shuffle=plan.shuffle, decode_threads=False)
     for read in reads:
         table = reader.piece(reader.order(read.epoch), read.group, read.lo, read.hi - read.lo).arrow()
         if tag_epoch:

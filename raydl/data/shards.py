@@ -62,8 +62,13 @@ def verify(f: pa.NativeFile, path: str, *, expected: str, mtime_ns: int) -> None
 class SplitReader:
     """Random access to a split's rows in one epoch's order, a few row groups in memory at a time."""
 
-    def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0):
+    def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0,
+                 decode_threads: bool = True):
+        """`decode_threads`: decode a row group's columns on Arrow's CPU pool, as plain pyarrow does by default
+        (raydl bench ingest, arrow path: 0.78 -> 0.81 of it); Ray Data read tasks, which run in parallel
+        already, decode on their own thread."""
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
+        self.decode_threads = decode_threads
         self.shards, self.paths = info.splits[split], info.shard_paths[split]
         self.row_groups = tuple(RowGroup(s, i, n) for s, shard in enumerate(self.shards)
                                 for i, n in enumerate(shard.row_groups))
@@ -90,9 +95,7 @@ class SplitReader:
         if path in self.bad_shards:
             return self._placeholder(g.rows)
         try:
-            # Columns decoded on Arrow's CPU pool, as plain pyarrow does by default (raydl bench ingest: 0.78 -> 0.81
-            # of it); in training this runs on the prefetch thread, beside the step.
-            table = self._open(g.shard).read_row_group(g.index, use_threads=True)
+            table = self._open(g.shard).read_row_group(g.index, use_threads=self.decode_threads)
         except (OSError, pa.ArrowException, ChecksumMismatch) as e:
             return self._skip(path, g, e)
         self.decoded_bytes += table.get_total_buffer_size()     # a sum; nbytes walked the buffers: 9% of an epoch
