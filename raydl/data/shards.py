@@ -20,6 +20,7 @@ labels -100, which the losses ignore), so batch shapes and every other row's pos
 from __future__ import annotations
 
 import collections
+import logging
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,8 @@ from raydl.data.dataset import IGNORE_LABEL, DatasetInfo, schema_dict
 from raydl.data.order import LANES, EpochOrder, RowGroup, Run
 from raydl.data.pieces import Decoded, Piece
 from raydl.errors import DataError, one_line
+
+log = logging.getLogger(__name__)
 
 OPEN_SHARDS = 64
 # A step takes rows of at most two row groups per lane (the lane's current one and, at its end, the
@@ -138,8 +141,8 @@ class SplitReader:
                             f"{len(self.bad_shards)}, data.max_bad_shards={self.max_bad_shards}. Fix: re-create the "
                             f"dataset with `raydl data prepare`, or raise data.max_bad_shards to skip bad shards "
                             f"(their rows are left out).")
-        print(f"[raydl] skipping unreadable shard '{path}' ({len(self.bad_shards) + 1}/{self.max_bad_shards} "
-              f"allowed by data.max_bad_shards): {one_line(error)}", flush=True)
+        log.warning(f"skipping unreadable shard '{path}' ({len(self.bad_shards) + 1}/{self.max_bad_shards} "
+                    f"allowed by data.max_bad_shards): {one_line(error)}")
         self.bad_shards.add(path)
         return self._placeholder(g.rows)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -85,12 +86,15 @@ def test_corrupt_shard_fails_with_its_name(tmp_path):
         epoch_ids(path, 2)
 
 
-def test_skipped_shard_keeps_the_other_rows_exactly_once(tmp_path):
+def test_skipped_shard_keeps_the_other_rows_exactly_once(tmp_path, caplog):
     path = make_dataset(tmp_path)
     lost = set(pq.read_table(path / "train-00002.parquet")["id"].to_pylist())
     expected = train_ids(path) - lost
-    corrupt(path, 2)
-    per_rank, batches = epoch_ids(path, 2, max_bad_shards=1)
+    bad = corrupt(path, 2)
+    with caplog.at_level(logging.WARNING, logger="raydl"):
+        per_rank, batches = epoch_ids(path, 2, max_bad_shards=1)
+    skipped = [r for r in caplog.records if r.name.startswith("raydl.") and "skipping unreadable shard" in r.message]
+    assert skipped and all(f"'{bad}'" in r.message and "data.max_bad_shards" in r.message for r in skipped)
     ids = flat(per_rank)
     good = [i for i in ids if i >= 0]
     assert len(good) == len(set(good)) and set(good) == expected
