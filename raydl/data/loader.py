@@ -50,13 +50,14 @@ def to_tensors(rows: pa.Table | list[Piece], meta: dict) -> dict[str, torch.Tens
     variable-length list column padded to the batch's longest row, with its `<column>_mask`. Columns no model
     can read (strings, structs) are left out."""
     pieces = [Piece.whole(rows)] if isinstance(rows, pa.Table) else rows
-    schema, out = pieces[0].source.table.schema, {}
+    schema, out, table = pieces[0].source.table.schema, {}, None
     for name, kind in zip(schema.names, schema.types):
         shape = tensor_shape(kind)
         if shape is None:
             continue
         if shape == [VARIABLE]:
-            out[name], out[name + MASK_SUFFIX] = _padded(concat(pieces).column(name).combine_chunks())
+            table = concat(pieces) if table is None else table    # once, however many such columns
+            out[name], out[name + MASK_SUFFIX] = _padded(table.column(name).combine_chunks())
         else:
             out[name] = torch.from_numpy(gather(pieces, name))
     if "image" in out:

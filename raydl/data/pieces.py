@@ -31,14 +31,15 @@ class Decoded:
         return self._arrays[name]
 
 
-def _numpy(column: pa.ChunkedArray) -> np.ndarray:
-    chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    if pa.types.is_fixed_size_list(chunk.type):
-        size = chunk.type.list_size
+def _numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        size = column.type.list_size
         # The values sliced directly: `flatten` went through Arrow's compute layer.
-        values = chunk.values.slice(chunk.offset * size, len(chunk) * size)
-        return values.to_numpy(zero_copy_only=False).reshape(len(chunk), size)
-    return chunk.to_numpy(zero_copy_only=False)
+        values = column.values.slice(column.offset * size, len(column) * size)
+        return values.to_numpy(zero_copy_only=False).reshape(len(column), size)
+    return column.to_numpy(zero_copy_only=False)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
     for col in table.columns:
         col = col.combine_chunks()
         if pa.types.is_fixed_size_list(col.type) and col.null_count == 0 and col.type.value_type.bit_width % 8 == 0:
-            values = col.flatten().to_numpy().reshape(len(col), col.type.list_size)[indices]
+            values = _numpy(col)[indices]
             columns.append(pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), col.type.list_size))
         else:
             columns.append(col.take(pa.array(indices)))

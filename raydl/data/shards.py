@@ -4,9 +4,10 @@
 and decodes only the row groups that the rows asked of it come from (raydl.data.order: a rank's
 rows of a step come from its lanes' row groups), keeping the last `CACHED_GROUPS` decoded with
 their shuffled order. It hands out rows as `Piece`s (a decoded row group and the indices taken from
-it), which the loader copies once into the step's tensors. `decoded_bytes` counts what it decoded (the tables' buffer sizes), for the ingest bench and
-its test. The arrow backend calls it in the training process's prefetch thread
-(raydl.data.loader), the ray backend in Ray Data read tasks (raydl.data.ray_source).
+it), which the loader copies once into the step's tensors (raydl.data.pieces). `decoded_bytes`
+counts what it decoded (the tables' buffer sizes), for the ingest bench and its test. The arrow
+backend calls it in the training process's prefetch thread (raydl.data.loader), the ray backend in
+Ray Data read tasks (raydl.data.ray_source).
 
 Each shard is checked against its sha256 in the manifest when a process first opens it: the
 whole file is hashed on the reading thread (the prefetch thread or a read task, so it overlaps

@@ -14,9 +14,9 @@ from typing import Any
 
 from raydl import log as raydl_log
 from raydl.config import JobConfig
+from raydl.driver.cluster_watch import LocalRayletWatch
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.stop import SignalStop, start_stop_request
-from raydl.driver.cluster_watch import LocalRayletWatch
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
 from raydl.telemetry import startup
