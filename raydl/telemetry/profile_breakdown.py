@@ -95,8 +95,10 @@ def attribute(events: Iterable[Event], start: float, end: float, *, main_tid: An
 
 
 def step_windows(events: list[Event]) -> list[Event]:
-    """raydl's step ranges, in order."""
-    return sorted((e for e in events if e.get("name") == STEP_RANGE and e.get("ph") == "X"), key=lambda e: e["ts"])
+    """raydl's step ranges on the CPU, in order (on CUDA the profiler also draws each range on the GPU's
+    timeline, as a gpu_user_annotation spanning the kernels it launched)."""
+    return sorted((e for e in events if e.get("name") == STEP_RANGE and e.get("ph") == "X"
+                   and e.get("cat") != "gpu_user_annotation"), key=lambda e: e["ts"])
 
 
 def top_ops(events: list[Event], windows: list[Event], *, count: int = 8) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ class Engine(Protocol):
 
     def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats: ...
 
-    def clip(self, max_norm: float) -> Callable[[], float]:
+    def clip(self, max_norm: float) -> Callable[[], torch.Tensor]:
         """A function that clips this rank's gradients to a global norm and returns that norm."""
 
     def evaluate(self, batches: Iterable[dict[str, torch.Tensor]], *, precision: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class DataParallelEngine:
         return train_step.forward_backward(self.model, self.spec, batches, precision=self.precision,
                                            device=self.device, scaler=scaler)
 
-    def clip(self, max_norm: float) -> Callable[[], float]:
+    def clip(self, max_norm: float) -> Callable[[], torch.Tensor]:
         return lambda: clip_grad_norm(self.model.parameters(), max_norm)
 
     def evaluate(self, batches, *, precision: str) -> dict[str, Any]:
@@ -101,9 +101,9 @@ class PipelineEngine:
                                losses=losses if self.is_last else None, return_outputs=False)
         if not self.is_last:
             return StepStats(loss=0.0, has_loss=False)
-        return StepStats(loss=float(torch.stack(losses).detach().mean()))  # CPU-GPU sync point, once per step
+        return StepStats(loss=torch.stack(losses).detach().mean())
 
-    def clip(self, max_norm: float) -> Callable[[], float]:
+    def clip(self, max_norm: float) -> Callable[[], torch.Tensor]:
         # Stages hold disjoint parameters: squared norms add up over the pipeline group.
         return lambda: clip_grad_norm(self.model.parameters(), max_norm, pp_group=self.pp_group)
 

@@ -42,7 +42,7 @@ from raydl.train.engines import build_engine
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
 from raydl.train.session import RaySession, TorchrunSession, in_ray
-from raydl.train.step import optimizer_step
+from raydl.train.step import host_values, optimizer_step
 
 IMPORTS_DONE = time.time()   # a start-up mark: the worker's raydl and torch imports end here
 
@@ -185,8 +185,9 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
             stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
         with phase("optimizer"):
             grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
+        loss, grad_norm = host_values(stats.loss, grad_norm)   # the step's one CPU-GPU sync
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
-        record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr,
+        record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=loss, lr=lr,
                                 grad_norm=grad_norm, samples=layout.global_batch, world_size=w.session.world_size,
                                 data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,
                                 gpu=w.gpu.read())

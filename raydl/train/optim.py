@@ -15,7 +15,11 @@ def build_optimizer(params, t: TrainSection) -> torch.optim.Optimizer:
     params = list(params)
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    return torch.optim.AdamW(params, lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
+    # The fused kernel updates every parameter in a few launches (nanoGPT and torchtitan use it on GPUs);
+    # on CPU the foreach default stays, as measured in the benchmarks there.
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(params, lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
+                             fused=fused or None)
 
 
 def lr_at(step: int, t: TrainSection, total_steps: int) -> float:
@@ -37,7 +41,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm(params, max_norm: float, *, pp_group=None) -> float:
+def clip_grad_norm(params, max_norm: float, *, pp_group=None) -> torch.Tensor:
     """Global gradient norm over all data-parallel shards and pipeline stages; clips if max_norm > 0.
 
     `get_total_norm` handles FSDP's sharded DTensor gradients; stages hold disjoint
@@ -54,4 +58,4 @@ def clip_grad_norm(params, max_norm: float, *, pp_group=None) -> float:
         total = total ** 0.5
     if max_norm > 0 and grads:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return float(total)
+    return total

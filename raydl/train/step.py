@@ -19,8 +19,20 @@ from raydl.train.precision import autocast
 
 @dataclass
 class StepStats:
-    loss: float            # mean training loss over this rank's micro-batches (last stage with PP)
+    # Mean training loss over this rank's micro-batches (last stage with PP), still on the device: the loop
+    # reads it with the grad norm after the optimizer step, one host sync per step, so that the GPU has the
+    # optimizer's kernels queued instead of idling while Python launches them.
+    loss: torch.Tensor | float
     has_loss: bool = True  # False on pipeline stages that never see the loss
+
+
+def host_values(*values: torch.Tensor | float) -> list[float]:
+    """Device scalars as floats, in one transfer (one CPU-GPU sync)."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    read = iter(torch.stack([t.detach().float().to(tensors[0].device) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def micro_batches(tensors: dict[str, torch.Tensor], num: int) -> list[dict[str, torch.Tensor]]:
@@ -40,11 +52,11 @@ def forward_backward(model: nn.Module, spec: ModelSpec, batches: list[dict[str, 
         with phase("backward"):
             (scaler.scale(scaled) if scaler else scaled).backward()
         losses.append(loss.detach())
-    return StepStats(loss=float(torch.stack(losses).mean()))  # CPU-GPU sync point, once per step
+    return StepStats(loss=torch.stack(losses).mean())
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, scaler, *, clip) -> float:
-    """Unscale (fp16), clip, step, zero. `clip()` returns the global grad norm."""
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler, *, clip) -> torch.Tensor:
+    """Unscale (fp16), clip, step, zero. `clip()` returns the global grad norm (a device scalar)."""
     if scaler:
         scaler.unscale_(optimizer)
     grad_norm = clip()

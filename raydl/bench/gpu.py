@@ -1,0 +1,131 @@
+"""raydl bench gpu: raydl's per-worker engine vs a plain PyTorch loop on one GPU, per precision, MFU (no Ray).
+
+Both sides train the same GPT (default the gpt2 preset: GPT-2 124M's body, with nanoGPT's vocabulary of
+50304 rows: GPT-2's 50257 padded to a multiple of 64, which keeps the head's matrix products on aligned
+kernels) on the same parquet dataset, with AdamW and the same batch. raydl runs as
+`python -m raydl.worker` in a process of its own: the engine Ray's workers run, here without Ray, as on a GPU
+box that has none. The plain loop is what a user writes by hand, with the whole dataset already on the GPU.
+Per precision it prints the steady-state tokens/s of each side, the ratio raydl / plain of the medians,
+raydl's model TFLOP/s and MFU (bf16 dense peak of the datasheet) and the NVML readings raydl recorded.
+
+    python -m raydl.bench.gpu --data DATASET --repeats 5             # a GPU box without Ray
+    raydl data prepare --from text 'corpus/*.txt' --seq-len 1024 --out DATASET    # a dataset for it
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raydl.bench import harness
+from raydl.bench.overhead import steady
+from raydl.data.pieces import concat
+from raydl.data.shards import SplitReader
+from raydl.models.choice import choose_model
+from raydl.overrides import load_config
+from raydl.train.optim import build_optimizer, lr_at, set_lr
+from raydl.train.precision import autocast, make_scaler
+
+GOAL = 0.97
+
+
+def plain_loop(cfg, device: torch.device) -> dict[str, float]:
+    """Tensors on the device, the model, AdamW, autocast (+ GradScaler for fp16), a for loop."""
+    chosen = choose_model(cfg.model)
+    info = chosen.open_dataset(cfg)
+    reader = SplitReader(info, "train", seed=0, shuffle=False)
+    table = concat(reader.rows(reader.order(0), 0, reader.order(0).num_rows))
+    inputs = torch.tensor(table.column("input_ids").to_pylist(), device=device)
+    labels = torch.tensor(table.column("labels").to_pylist(), device=device)
+    torch.manual_seed(cfg.train.seed)
+    model = chosen.build(info.meta).to(device)
+    optimizer = build_optimizer(model.parameters(), cfg.train)
+    scaler = make_scaler(cfg.train.precision, device)
+    gb, rates = cfg.train.global_batch_size, []
+    for step in range(cfg.train.max_steps):
+        t0 = time.perf_counter()
+        set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
+        i = (step * gb) % (len(inputs) - gb)
+        with autocast(cfg.train.precision, device):
+            loss = chosen.spec.loss(model(inputs[i:i + gb].long()), labels[i:i + gb].long())
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        scaler.step(optimizer) if scaler else optimizer.step()
+        if scaler:
+            scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        loss.detach().item()   # the same sync point raydl's step has
+        rates.append(gb * inputs.shape[1] / (time.perf_counter() - t0))
+    del model, optimizer, inputs, labels
+    if device.type == "cuda":
+        torch.cuda.empty_cache()   # the raydl side runs next in another process on the same GPU
+    return {"tokens_per_s": steady(rates)}
+
+
+def raydl_worker(sets: list[str], run_dir: str) -> dict[str, Any]:
+    """`python -m raydl.worker` in its own process: its summary and the median NVML readings of its steps."""
+    cmd = [sys.executable, "-m", "raydl.worker", "-q", "--run-dir", run_dir]
+    for s in sets:
+        cmd += ["--set", s]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    gpu = [r["gpu"] for r in records if r.get("gpu")]
+    readings = {f"nvml_{key}": statistics.median(g[key] for g in gpu) for key in gpu[0]} if gpu else {}
+    return {"tokens_per_s": summary["tokens_per_s"], "samples_per_s": summary["samples_per_s"],
+            "model_tflops_per_s": summary.get("model_tflops_per_s"), "mfu": summary.get("mfu"),
+            "peak_memory_mb": summary["peak_memory_mb"], **readings}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser("gpu", __doc__)
+    p.set_defaults(out=str(harness.RESULTS / "gpu.json"))
+    p.add_argument("--data", required=True, help="Token dataset (raydl data prepare --from text ...).")
+    p.add_argument("--size", default="gpt2", help="model.size of the gpt model (default gpt2).")
+    p.add_argument("--vocab", type=int, default=50304, help="model.options.vocab (default 50304; 0 = the dataset's).")
+    p.add_argument("--batch", type=int, default=16, help="Rows per step (global = micro batch; default 16).")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--precisions", default="bf16,fp16,fp32")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = harness.parse_args(p, argv)
+    if not torch.cuda.is_available():
+        print("raydl bench gpu: error: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+        return 2
+    session = harness.Session("gpu", args)
+    runs_dir = Path(tempfile.mkdtemp(prefix="raydl-bench-gpu-"))
+    results: dict[str, Any] = {}
+    for precision in args.precisions.split(","):
+        sets = ["model.name=gpt", f"model.size={args.size}", f"model.options.vocab={args.vocab}", f"data.path={args.data}",
+                f"train.global_batch_size={args.batch}", f"train.micro_batch_size={args.batch}",
+                f"train.max_steps={args.steps}", f"train.precision={precision}", "telemetry.report_every=5",
+                "telemetry.progress=false", f"checkpoint.every_steps={args.steps}", "train.eval_batches=1",
+                *args.overrides]
+        runs = harness.alternate(
+            {"plain": lambda: plain_loop(load_config(None, sets), torch.device("cuda")),
+             "raydl": lambda: raydl_worker(sets, tempfile.mkdtemp(dir=runs_dir))}, args.repeats)
+        stats = {side: harness.summarize(side_runs) for side, side_runs in runs.items()}
+        ratio = harness.ratio_of_medians([r["tokens_per_s"] for r in runs["raydl"]],
+                                         [r["tokens_per_s"] for r in runs["plain"]])
+        print(harness.describe(f"{precision} plain", stats["plain"]["tokens_per_s"], " tokens/s"))
+        print(harness.describe(f"{precision} raydl", stats["raydl"]["tokens_per_s"], " tokens/s"))
+        if "mfu" in stats["raydl"]:
+            print(harness.describe(f"{precision} raydl MFU", stats["raydl"]["mfu"]))
+        print(f"{precision}: ratio of medians raydl / plain {ratio:.3f} (goal >= {GOAL})", flush=True)
+        results[precision] = {"sides": stats, "ratio_raydl_over_plain": ratio}
+    session.write(size=args.size, vocab=args.vocab, batch=args.batch, steps=args.steps, overrides=args.overrides,
+                  precisions=results, goal_ratio=GOAL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
