@@ -16,6 +16,8 @@ after any restart: the remaining rows are still consumed exactly once.
 from __future__ import annotations
 
 import atexit
+import collections
+import math
 import queue
 import threading
 import time
@@ -30,7 +32,7 @@ import torch
 from raydl.data.columns import MASK_SUFFIX, VARIABLE, tensor_shape
 from raydl.data.dataset import DatasetInfo
 from raydl.data.ledger import Ledger
-from raydl.data.order import DataPosition, steps_per_epoch
+from raydl.data.order import DataPosition, EpochOrder, Run, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
 from raydl.data.pieces import Piece, concat, gather
 from raydl.data.shards import SplitReader
@@ -102,7 +104,10 @@ class StepLoader:
                  max_bad_shards: int = 0, backend: str = "arrow", augment: bool = False, read_cpus: float = 1.0,
                  ledger: Ledger | None = None):
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
-        self.reader = SplitReader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards)
+        # Reading ahead needs a thread that consumes the steps meanwhile (prefetch); without one, the bytes a
+        # rank decodes stay those of the steps it was asked for.
+        self.reader = SplitReader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards,
+                                  read_ahead=prefetch > 0 and backend == "arrow")
         self.meta = info.meta
         self.global_batch, self.dp_rank, self.dp_size = global_batch, dp_rank, dp_size
         self.position = position
@@ -137,11 +142,25 @@ class StepLoader:
         preprocess = make_preprocess(self.meta, augment=self.augment, seed=self.seed)
         while True:
             order = self.reader.order(epoch)
-            for runs in order.steps_runs(offset, steps=steps_per_epoch(order.num_rows - offset, self.global_batch),
-                                         global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size):
+            steps = order.steps_runs(offset, steps=steps_per_epoch(order.num_rows - offset, self.global_batch),
+                                     global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size)
+            for runs in self._read_ahead(order, steps):
                 rows = self.reader.gather(order, runs)
                 yield epoch, [Piece.whole(preprocess(concat(rows), epoch))] if preprocess else rows
             epoch, offset = epoch + 1, 0
+
+    def _read_ahead(self, order: EpochOrder, steps: Iterator[list[Run]]) -> Iterator[list[Run]]:
+        """`steps`, each handed on once the reader has been asked to decode the row groups of the steps that
+        follow it, up to every lane's next row group. The lanes advance together and cross into their next
+        groups at about the same step: reading only one step ahead left the decoding thread idle in between."""
+        window: collections.deque[list[Run]] = collections.deque()
+        depth = math.ceil(self.reader.read_ahead_rows / self.global_batch)
+        for runs in steps:
+            self.reader.read_ahead(order, runs)
+            window.append(runs)
+            if len(window) > depth:
+                yield window.popleft()
+        yield from window
 
     def __iter__(self) -> Iterator[StepBatch]:
         if self.prefetch == 0:

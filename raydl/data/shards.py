@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -38,8 +39,10 @@ log = logging.getLogger(__name__)
 
 OPEN_SHARDS = 64
 # A step takes rows of at most two row groups per lane (the lane's current one and, at its end, the
-# next); two more spare a re-decode where a rank's edge lane moves between steps.
+# next); two more spare a re-decode where a rank's edge lane moves between steps. Reading ahead keeps
+# the next step's new groups (at most one per lane) as well.
 CACHED_GROUPS = 2 * LANES + 2
+READ_AHEAD_GROUPS = LANES
 
 # (path, size, mtime, sha256) of the shard files this process has hashed and found intact. Per
 # process, not per reader: a Ray Data read task builds a reader for a few dozen row groups, and its
@@ -67,23 +70,31 @@ class SplitReader:
     """Random access to a split's rows in one epoch's order, a few row groups in memory at a time."""
 
     def __init__(self, info: DatasetInfo, split: str, *, seed: int, shuffle: bool, max_bad_shards: int = 0,
-                 decode_threads: bool = True):
+                 decode_threads: bool = True, read_ahead: bool = False):
         """`decode_threads`: decode a row group's columns on Arrow's CPU pool, as plain pyarrow does by default
         (raydl bench ingest, arrow path: 0.78 -> 0.81 of it); Ray Data read tasks, which run in parallel
-        already, decode on their own thread."""
+        already, decode on their own thread.
+
+        `read_ahead`: every row group is decoded on a thread of this reader's, so that `read_ahead(...)` can
+        start on the next step's groups while the caller copies this step's rows out of theirs (decoding
+        releases the GIL; the copy and the per-step Python keep the calling thread busy meanwhile)."""
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
         self.decode_threads = decode_threads
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="raydl-decode") if read_ahead else None
+        self._cached_groups = CACHED_GROUPS + (READ_AHEAD_GROUPS if read_ahead else 0)
         self.shards, self.paths = info.splits[split], info.shard_paths[split]
         self.row_groups = tuple(RowGroup(s, i, n) for s, shard in enumerate(self.shards)
                                 for i, n in enumerate(shard.row_groups))
+        # Rows of the epoch sequence worth reading ahead of a step: one row group per lane.
+        self.read_ahead_rows = READ_AHEAD_GROUPS * max((g.rows for g in self.row_groups), default=0) if read_ahead else 0
         self.fs, self.root = info.filesystem()
         self.max_bad_shards = max_bad_shards
         self.bad_shards: set[str] = set()
         self.schema: pa.Schema | None = None      # of the first shard read; every other must match
         self.decoded_bytes = 0
-        # (epoch, row group) -> its decoded rows as stored and their order in the epoch (None: as stored),
-        # least recently used first
-        self._groups: collections.OrderedDict[tuple[int, int], tuple[Decoded, np.ndarray | None]] = \
+        # (epoch, row group) -> its decoded rows as stored (or their decoding, under way) and their order in the
+        # epoch (None: as stored), least recently used first
+        self._groups: collections.OrderedDict[tuple[int, int], tuple[Decoded | Future, np.ndarray | None]] = \
             collections.OrderedDict()
         self._order: EpochOrder | None = None
         # Shards kept open: the shuffled lanes hop between shards, and reopening re-parses the footer.
@@ -179,14 +190,35 @@ class SplitReader:
     def group(self, order: EpochOrder, group: int) -> tuple[Decoded, np.ndarray | None]:
         """Row group `group` decoded, and the order of its rows in the epoch (None: as stored)."""
         key = (order.epoch, group)
+        decoded, permutation = self._start(order, group)
+        if isinstance(decoded, Future):
+            decoded = decoded.result()      # a DataError of the decoding thread is raised here
+            self._groups[key] = (decoded, permutation)
+        return decoded, permutation
+
+    def read_ahead(self, order: EpochOrder, runs: list[Run]) -> None:
+        """Start decoding the row groups of `runs` that are not in memory yet; nothing for a reader made without
+        read_ahead."""
+        if self._decoder is None:
+            return
+        for group in dict.fromkeys(run.group for run in runs):
+            self._start(order, group)
+
+    def _start(self, order: EpochOrder, group: int) -> tuple[Decoded | Future, np.ndarray | None]:
+        key = (order.epoch, group)
         if key in self._groups:
             self._groups.move_to_end(key)
-        else:
-            permutation = order.row_permutation(group) if order.shuffle else None
-            self._groups[key] = (Decoded(self._read_row_group(order.row_groups[group])), permutation)
-            if len(self._groups) > CACHED_GROUPS:
-                self._groups.popitem(last=False)
+            return self._groups[key]
+        row_group = order.row_groups[group]
+        decoding = (self._decoder.submit(self._decode, row_group) if self._decoder
+                    else self._decode(row_group))
+        self._groups[key] = (decoding, order.row_permutation(group) if order.shuffle else None)
+        if len(self._groups) > self._cached_groups:
+            self._groups.popitem(last=False)
         return self._groups[key]
+
+    def _decode(self, row_group: RowGroup) -> Decoded:
+        return Decoded(self._read_row_group(row_group))
 
     def piece(self, order: EpochOrder, group: int, start: int, length: int) -> Piece:
         """Rows [start, start + length) of row group `group` in the epoch's order."""

@@ -3,6 +3,7 @@ naming the file, or skip exactly once), no shard read from outside the dataset, 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -20,6 +21,7 @@ from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, eval_batches
 from raydl.data.order import DataPosition
+from raydl.data.shards import SplitReader
 from raydl.data.prepare import prepare
 from raydl.errors import ConfigError, DataError
 from raydl.overrides import load_config
@@ -235,3 +237,38 @@ def test_eval_ranks_take_contiguous_runs_of_the_same_rows(tmp_path):
     ranks = [[i for b in eval_batches(info, batch=32, dp_rank=r, dp_size=2, max_batches=4) for i in b["id"].tolist()]
              for r in range(2)]
     assert ranks == [first[:64], first[64:]]       # the first 4 micro-batches, as before; each rank a run of them
+
+
+def test_reading_ahead_decodes_later_steps_groups_and_hands_out_the_same_rows(tmp_path, monkeypatch):
+    path = make_dataset(tmp_path, shards=8, rows=640)
+    info = open_dataset(str(path))
+    steps = 2 * (5120 // GB)                                   # two epochs
+    decodes: list[tuple[int, int]] = []
+    read_row_group = SplitReader._read_row_group
+    monkeypatch.setattr(SplitReader, "_read_row_group",
+                        lambda self, g: decodes.append((g.shard, g.index)) or read_row_group(self, g))
+
+    def batches(prefetch: int) -> tuple[list[list[int]], StepLoader, collections.Counter]:
+        decodes.clear()
+        loader = StepLoader(info, global_batch=GB, dp_rank=0, dp_size=2, seed=3, shuffle=True,
+                            position=DataPosition(0, 5 * GB), prefetch=prefetch)
+        ids = [b.tensors["id"].tolist() for b, _ in zip(loader, range(steps))]
+        return ids, loader, collections.Counter(decodes)
+
+    ahead, loader, ahead_decodes = batches(2)
+    assert loader.reader.read_ahead_rows == 8 * 256
+    plain, unread, plain_decodes = batches(0)
+    assert ahead == plain and unread.reader.read_ahead_rows == 0
+    # Reading ahead evicts nothing still needed: each group once per epoch, and at most once more for the
+    # epoch the prefetch thread has started on when the test stops taking steps.
+    assert all(ahead_decodes[g] - plain_decodes[g] in (0, 1) for g in ahead_decodes | plain_decodes)
+
+    reader = loader.reader                                     # a fresh epoch: the first step asks for more
+    order = reader.order(7)
+    first, *later = order.steps_runs(0, steps=40, global_batch=GB, dp_rank=0, dp_size=1)
+    for runs in [first, *later]:
+        reader.read_ahead(order, runs)
+    needed = {run.group for run in first}
+    started = {group for epoch, group in reader._groups if epoch == 7}
+    assert needed < started, "the groups of the steps after the first were not started"
+    assert [len(p) for p in reader.gather(order, first)] == [run.length for run in first]
