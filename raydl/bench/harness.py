@@ -89,6 +89,12 @@ def ratio_of_medians(numerator: list[float], denominator: list[float]) -> float:
     return statistics.median(numerator) / statistics.median(denominator)
 
 
+def paired_ratios(numerator: list[float], denominator: list[float]) -> dict[str, Any]:
+    """`summary` of each round's ratio: the two sides of a round ran back to back, so a machine whose speed
+    drifts between rounds (this project's VM: 25-30% for minutes at a time) moves both."""
+    return summary([n / d for n, d in zip(numerator, denominator, strict=True)])
+
+
 def describe(name: str, stats: dict[str, Any], unit: str = "") -> str:
     spread = "" if stats["spread"] is None else f", spread {100 * stats['spread']:.0f}%"
     return (f"{name}: median {stats['median']:.4g}{unit} (min {stats['min']:.4g}, max {stats['max']:.4g}{spread}, "

@@ -10,7 +10,8 @@ Generates (once) a raydl dataset of random token rows (input_ids + labels, int32
   ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution for several epochs), 1 rank
 Each variant runs in its own process; the first epoch is cold (for ray it includes starting
 Ray's worker processes), the median of the rest is the run's rows/s. The variants alternate for
---repeats runs; prints each variant's median rows/s and its ratio to pyarrow's (ratio of medians),
+--repeats runs; prints each variant's median rows/s and its ratio to pyarrow's (ratio of medians, and the
+median of each round's ratio, which a drift in the machine's speed between rounds moves less),
 and the data-wait share of training runs' summary.json; writes --out (JSON).
 
 Then, for each --dp, dp processes at once, one per data-parallel rank (arrow backend), each reading one
@@ -252,13 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = harness.alternate({v: variant_side(v, args) for v in variants}, args.repeats)
     rates = {v: [r["rows_per_s"] for r in variant_runs] for v, variant_runs in runs.items()}
     ratios = {v: harness.ratio_of_medians(rates[v], rates["pyarrow"]) for v in variants}
+    paired = {v: harness.paired_ratios(rates[v], rates["pyarrow"]) for v in variants}
     for v in variants:
         print(harness.describe(v, harness.summary(rates[v]), " rows/s") + f"; ratio to pyarrow {ratios[v]:.2f}")
+        print(harness.describe(f"  {v} / pyarrow, round by round", paired[v]))
     size = sum(f.stat().st_size for f in path.glob("train-*.parquet"))
     session.write(dataset={"path": str(path), "rows": args.rows, "seq_len": args.seq_len, "batch": args.batch,
                            "raw_mb": args.rows * args.seq_len * 4 * 2 / 1e6, "disk_mb": size / 1e6},
                   variants={v: harness.summarize(variant_runs) for v, variant_runs in runs.items()},
-                  ratio_to_pyarrow=ratios, training_data_wait_frac=data_wait_shares(args.summary),
+                  ratio_to_pyarrow=ratios, paired_ratio_to_pyarrow=paired, training_data_wait_frac=data_wait_shares(args.summary),
                   decoded_per_rank=decode_shares(args, path))
     return 0
 

@@ -23,6 +23,15 @@ def test_ratio_is_of_the_medians_not_the_mean():
     assert harness.ratio_of_medians([2.0, 4.0, 100.0], [1.0, 2.0, 3.0]) == pytest.approx(2.0)
 
 
+def test_paired_ratios_divide_each_round_by_its_own_partner():
+    # the machine ran at half speed in round 2: both sides slowed, the round's ratio did not
+    stats = harness.paired_ratios([8.0, 4.0, 9.0], [10.0, 5.0, 10.0])
+    assert stats["runs"] == pytest.approx([0.8, 0.8, 0.9]) and stats["median"] == pytest.approx(0.8)
+    assert harness.ratio_of_medians([8.0, 4.0, 9.0], [10.0, 5.0, 10.0]) == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        harness.paired_ratios([1.0], [1.0, 2.0])
+
+
 def test_summarize_takes_the_numbers_every_run_has():
     runs = [{"rate": 2.0, "steps": 3, "ok": True, "name": "a", "redone": 1, "extra": {"x": 1}},
             {"rate": 4.0, "steps": 5, "ok": False, "name": "b", "redone": None, "extra": {"x": 2}}]
