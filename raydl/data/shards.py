@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 OPEN_SHARDS = 64
 # A step takes rows of at most two row groups per lane (the lane's current one and, at its end, the
 # next); two more spare a re-decode where a rank's edge lane moves between steps. Reading ahead keeps
-# the next step's new groups (at most one per lane) as well.
+# each lane's next group as well.
 CACHED_GROUPS = 2 * LANES + 2
 READ_AHEAD_GROUPS = LANES
 
@@ -76,7 +76,7 @@ class SplitReader:
         already, decode on their own thread.
 
         `read_ahead`: every row group is decoded on a thread of this reader's, so that `read_ahead(...)` can
-        start on the next step's groups while the caller copies this step's rows out of theirs (decoding
+        start on the coming steps' groups while the caller copies this step's rows out of theirs (decoding
         releases the GIL; the copy and the per-step Python keep the calling thread busy meanwhile)."""
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
         self.decode_threads = decode_threads
