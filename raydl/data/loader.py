@@ -81,7 +81,7 @@ _PREFETCHERS: list[tuple[threading.Event, threading.Thread]] = []
 
 
 @atexit.register
-def _stop_prefetchers() -> None:
+def stop_prefetchers() -> None:
     """A prefetch thread still inside pyarrow at interpreter exit aborts the process
     ("terminate called without an active exception"): stop and join them first."""
     for stop, thread in _PREFETCHERS:
@@ -194,7 +194,8 @@ class StepLoader:
         finally:
             stop.set()
             thread.join(timeout=10)
-            _PREFETCHERS.remove((stop, thread))
+            if not thread.is_alive():       # one still in a read is joined again at exit
+                _PREFETCHERS.remove((stop, thread))
 
     def _timed(self, items) -> Iterator[StepBatch]:
         while True:

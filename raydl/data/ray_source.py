@@ -33,6 +33,7 @@ planning (`PLAN_STEPS` steps at a time) cuts one in two.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import threading
@@ -145,6 +146,17 @@ def _join_fetch_threads(existing: set[threading.Thread], timeout_s: float = 5.0)
     for thread in set(threading.enumerate()) - existing:
         if thread.name == "iter_threaded":
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+@atexit.register
+def _leave_ray_get_before_ray_shuts_down() -> None:
+    """At interpreter exit, stop the loaders' prefetch threads and wait for the fetch threads that
+    outlived their stream's close (a block restored from spill on a loaded machine) before Ray's own
+    exit hook disconnects this process: registered after `import ray`, so it runs first."""
+    from raydl.data.loader import stop_prefetchers      # the loader imports this module
+
+    stop_prefetchers()
+    _join_fetch_threads(set(), timeout_s=30.0)
 
 
 def _by_epoch(table: pa.Table, preprocess) -> pa.Table:

@@ -243,17 +243,20 @@ def test_reading_ahead_decodes_later_steps_groups_and_hands_out_the_same_rows(tm
     path = make_dataset(tmp_path, shards=8, rows=640)
     info = open_dataset(str(path))
     steps = 2 * (5120 // GB)                                   # two epochs
-    decodes: list[tuple[int, int]] = []
+    # Per reader: the first loader's decoding thread may still finish a group it started while the second runs.
+    decodes: collections.defaultdict[SplitReader, collections.Counter] = collections.defaultdict(collections.Counter)
     read_row_group = SplitReader._read_row_group
-    monkeypatch.setattr(SplitReader, "_read_row_group",
-                        lambda self, g: decodes.append((g.shard, g.index)) or read_row_group(self, g))
+
+    def counted(self, g):
+        decodes[self][g.shard, g.index] += 1
+        return read_row_group(self, g)
+    monkeypatch.setattr(SplitReader, "_read_row_group", counted)
 
     def batches(prefetch: int) -> tuple[list[list[int]], StepLoader, collections.Counter]:
-        decodes.clear()
         loader = StepLoader(info, global_batch=GB, dp_rank=0, dp_size=2, seed=3, shuffle=True,
                             position=DataPosition(0, 5 * GB), prefetch=prefetch)
         ids = [b.tensors["id"].tolist() for b, _ in zip(loader, range(steps))]
-        return ids, loader, collections.Counter(decodes)
+        return ids, loader, collections.Counter(decodes[loader.reader])
 
     ahead, loader, ahead_decodes = batches(2)
     assert loader.reader.read_ahead_rows == 8 * 256
