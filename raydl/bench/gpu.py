@@ -19,57 +19,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from raydl.bench import harness
-from raydl.bench.overhead import steady
-from raydl.data.pieces import concat
-from raydl.data.shards import SplitReader
-from raydl.models.choice import choose_model
+from raydl.bench.overhead import plain_loop
 from raydl.overrides import load_config
-from raydl.train.optim import build_optimizer, lr_at, set_lr
-from raydl.train.precision import autocast, make_scaler
 
 GOAL = 0.97
-
-
-def plain_loop(cfg, device: torch.device) -> dict[str, float]:
-    """Tensors on the device, the model, AdamW, autocast (+ GradScaler for fp16), a for loop."""
-    chosen = choose_model(cfg.model)
-    info = chosen.open_dataset(cfg)
-    reader = SplitReader(info, "train", seed=0, shuffle=False)
-    table = concat(reader.rows(reader.order(0), 0, reader.order(0).num_rows))
-    inputs = torch.tensor(table.column("input_ids").to_pylist(), device=device)
-    labels = torch.tensor(table.column("labels").to_pylist(), device=device)
-    torch.manual_seed(cfg.train.seed)
-    model = chosen.build(info.meta).to(device)
-    optimizer = build_optimizer(model.parameters(), cfg.train)
-    scaler = make_scaler(cfg.train.precision, device)
-    gb, rates = cfg.train.global_batch_size, []
-    for step in range(cfg.train.max_steps):
-        t0 = time.perf_counter()
-        set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
-        i = (step * gb) % (len(inputs) - gb)
-        with autocast(cfg.train.precision, device):
-            loss = chosen.spec.loss(model(inputs[i:i + gb].long()), labels[i:i + gb].long())
-        (scaler.scale(loss) if scaler else loss).backward()
-        if scaler:
-            scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        scaler.step(optimizer) if scaler else optimizer.step()
-        if scaler:
-            scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        loss.detach().item()   # the same sync point raydl's step has
-        rates.append(gb * inputs.shape[1] / (time.perf_counter() - t0))
-    del model, optimizer, inputs, labels
-    if device.type == "cuda":
-        torch.cuda.empty_cache()   # the raydl side runs next in another process on the same GPU
-    return {"tokens_per_s": steady(rates)}
 
 
 def raydl_worker(sets: list[str], run_dir: str) -> dict[str, Any]:

@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from raydl.bench import harness
-from raydl.data.pieces import concat
+from raydl.data.pieces import gather
 from raydl.data.shards import SplitReader
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.train.optim import build_optimizer, lr_at, set_lr
+from raydl.train.precision import autocast, make_scaler
 
 GOAL = 0.97
 # --model: its overrides. hf-llama-tiny has gpt-tiny's shape (4 layers, width 128, 4 heads).
@@ -41,30 +42,41 @@ def steady(values: list[float]) -> float:
     return statistics.median(values[len(values) // 5:])
 
 
-def plain_loop(cfg) -> dict[str, float]:
-    """What a user would write by hand: tensors in memory, a model, AdamW, a for loop."""
+def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, float]:
+    """What a user would write by hand: the dataset as tensors on the device, a model, AdamW, autocast
+    (+ GradScaler for fp16), a for loop. Also the plain side of `raydl bench gpu`."""
     chosen = choose_model(cfg.model)
     info = chosen.open_dataset(cfg)
     reader = SplitReader(info, "train", seed=0, shuffle=False)
-    table = concat(reader.rows(reader.order(0), 0, reader.order(0).num_rows))
-    inputs = torch.tensor(table.column("input_ids").to_pylist())
-    labels = torch.tensor(table.column("labels").to_pylist())
+    rows = reader.rows(reader.order(0), 0, reader.order(0).num_rows)
+    inputs, labels = (torch.from_numpy(gather(rows, name)).to(device) for name in ("input_ids", "labels"))
     torch.manual_seed(cfg.train.seed)
     model, forward = plain_model(chosen, info.meta)
+    model.to(device)
     optimizer = build_optimizer(model.parameters(), cfg.train)
+    scaler = make_scaler(cfg.train.precision, device)
     gb, rates = cfg.train.global_batch_size, []
     for step in range(cfg.train.max_steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
         i = (step * gb) % (len(inputs) - gb)
-        loss = chosen.spec.loss(forward(inputs[i:i + gb].long()), labels[i:i + gb].long())
-        loss.backward()
+        with autocast(cfg.train.precision, device):
+            loss = chosen.spec.loss(forward(inputs[i:i + gb].long()), labels[i:i + gb].long())
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        optimizer.step()
+        scaler.step(optimizer) if scaler else optimizer.step()
+        if scaler:
+            scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        float(loss)   # the same sync point raydl's step has
+        loss.detach().item()   # the same sync point raydl's step has
         rates.append(gb / (time.perf_counter() - t0))
-    return {"samples_per_s": steady(rates)}
+    row_tokens = inputs.shape[1]
+    del model, optimizer, inputs, labels
+    if device.type == "cuda":
+        torch.cuda.empty_cache()   # raydl's side runs next, in another process on the same GPU
+    return {"samples_per_s": steady(rates), "tokens_per_s": steady(rates) * row_tokens}
 
 
 def plain_model(chosen, meta: dict[str, Any]):

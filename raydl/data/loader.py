@@ -15,7 +15,6 @@ after any restart: the remaining rows are still consumed exactly once.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import math
 import queue
@@ -35,6 +34,7 @@ from raydl.data.ledger import Ledger
 from raydl.data.order import DataPosition, EpochOrder, Run, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
 from raydl.data.pieces import Piece, concat, gather
+from raydl.data.prefetchers import PREFETCHERS
 from raydl.data.shards import SplitReader
 from raydl.errors import DataError
 
@@ -75,19 +75,6 @@ def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
     padded = np.zeros(mask.shape, dtype=values.dtype)
     padded[mask] = values      # row-major: each row's values fill its first `length` places
     return torch.from_numpy(padded), torch.from_numpy(mask)
-
-
-_PREFETCHERS: list[tuple[threading.Event, threading.Thread]] = []
-
-
-@atexit.register
-def stop_prefetchers() -> None:
-    """A prefetch thread still inside pyarrow at interpreter exit aborts the process
-    ("terminate called without an active exception"): stop and join them first."""
-    for stop, thread in _PREFETCHERS:
-        stop.set()
-    for _, thread in _PREFETCHERS:
-        thread.join(timeout=10)
 
 
 class StepLoader:
@@ -188,14 +175,14 @@ class StepLoader:
 
         thread = threading.Thread(target=work, daemon=True, name="raydl-prefetch")
         thread.start()
-        _PREFETCHERS.append((stop, thread))
+        PREFETCHERS.append((stop, thread))
         try:
             yield from self._timed(iter(q.get, None))
         finally:
             stop.set()
             thread.join(timeout=10)
             if not thread.is_alive():       # one still in a read is joined again at exit
-                _PREFETCHERS.remove((stop, thread))
+                PREFETCHERS.remove((stop, thread))
 
     def _timed(self, items) -> Iterator[StepBatch]:
         while True:

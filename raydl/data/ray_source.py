@@ -53,6 +53,7 @@ from raydl.data.dataset import DatasetInfo
 from raydl.data.order import DataPosition, EpochOrder, Run, steps_per_epoch
 from raydl.data.preprocess import make_preprocess
 from raydl.data.pieces import Decoded, Piece
+from raydl.data.prefetchers import stop_prefetchers
 from raydl.data.shards import SplitReader
 from raydl.errors import DataError
 
@@ -153,8 +154,6 @@ def _leave_ray_get_before_ray_shuts_down() -> None:
     """At interpreter exit, stop the loaders' prefetch threads and wait for the fetch threads that
     outlived their stream's close (a block restored from spill on a loaded machine) before Ray's own
     exit hook disconnects this process: registered after `import ray`, so it runs first."""
-    from raydl.data.loader import stop_prefetchers      # the loader imports this module
-
     stop_prefetchers()
     _join_fetch_threads(set(), timeout_s=30.0)
 
