@@ -79,6 +79,24 @@ def worker_env() -> dict[str, str]:
     return {VERBOSITY_ENV: str(current_verbosity())}
 
 
+def quiet_exits_in_callbacks() -> None:
+    """Stop Python printing a SystemExit that it ignores, as it ignores any exception of a weakref callback
+    or finalizer. Ray ends a worker with SIGTERM (Tune, when it frees the placement group of a trial whose
+    actor it has stopped), and Ray's handler raises SystemExit wherever the main thread is: inside such a
+    callback Python printed "Exception ignored in ..." and its traceback to the sweep's console. Other
+    ignored errors are still printed; the process still ends (Ray follows up with SIGKILL)."""
+    if getattr(sys.unraisablehook, "raydl_quiet_exits", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not issubclass(unraisable.exc_type, SystemExit):
+            previous(unraisable)
+
+    hook.raydl_quiet_exits = True
+    sys.unraisablehook = hook
+
+
 def ray_log_level() -> int:
     """Ray's own loggers: INFO only when verbose; its INFO lines (every report's metrics) are noise otherwise."""
     return logging.INFO if current_verbosity() >= VERBOSE else logging.WARNING

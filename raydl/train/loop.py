@@ -114,6 +114,7 @@ class Worker:
 def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerState]:
     """`session`: where this worker runs (a sweep trial passes its own); default: Ray Train's, else torchrun's."""
     raydl_log.ensure_configured()   # a Ray worker process: the driver's verbosity came in RAYDL_VERBOSITY
+    raydl_log.quiet_exits_in_callbacks()   # Ray ends its workers with SIGTERM
     marks = startup.Marks(worker_process_start=startup.process_start_time() or IMPORTS_DONE,
                           worker_imports_done=IMPORTS_DONE)
     cfg = build_config(job["config"])

@@ -81,6 +81,7 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     from raydl.models.registry import search_from
 
     raydl_log.configure()   # the driver's verbosity, from RAYDL_VERBOSITY in the runtime env
+    raydl_log.quiet_exits_in_callbacks()   # Tune ends this actor with SIGTERM
     search_from(import_dir)
     spec = parse_sweep(sweep)
     trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()

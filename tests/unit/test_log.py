@@ -97,3 +97,42 @@ def test_a_worker_reads_the_verbosity_from_the_env(tmp_path, data_cache):
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout)["steps"] == 4
     assert not [line for line in p.stderr.splitlines() if line.startswith("[raydl]")], p.stderr
+
+
+SIGTERM_IN_A_WEAKREF_CALLBACK = """
+import signal, sys, weakref
+from raydl import log
+if sys.argv[1] == "quiet":
+    log.quiet_exits_in_callbacks()
+    log.quiet_exits_in_callbacks()   # twice: one hook, not two
+
+def sigterm_handler(signum, frame):   # what Ray's worker main loop installs
+    sys.exit(1)
+
+signal.signal(signal.SIGTERM, sigterm_handler)
+
+class Thing:
+    pass
+
+def on_collect(ref):
+    signal.raise_signal(signal.SIGTERM)   # the handler runs here, inside the callback
+
+def broken(ref):
+    1 / 0
+
+first, second = Thing(), Thing()
+refs = [weakref.ref(first, on_collect), weakref.ref(second, broken)]
+del first, second
+print("went on")
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "quiet"])
+def test_an_exit_request_inside_a_callback_is_not_printed_and_other_errors_are(mode, tmp_path):
+    script = tmp_path / "sigterm.py"
+    script.write_text(SIGTERM_IN_A_WEAKREF_CALLBACK)
+    done = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "went on\n", done
+    assert "ZeroDivisionError" in done.stderr, done.stderr
+    assert ("SystemExit" in done.stderr) == (mode == "default"), done.stderr
+    assert done.stderr.count("Exception ignored") == (2 if mode == "default" else 1), done.stderr
