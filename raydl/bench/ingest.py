@@ -82,10 +82,11 @@ def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[in
     """One loader over `epochs` epochs, as training uses it: (rows per epoch, seconds per epoch)."""
     from raydl.data.dataset import open_dataset
     from raydl.data.loader import StepLoader
-    from raydl.data.order import DataPosition
+    from raydl.data.order import DataPosition, steps_per_epoch
 
-    loader = StepLoader(open_dataset(str(path)), global_batch=batch, dp_rank=0, dp_size=1, seed=0, shuffle=True,
-                        position=DataPosition(0, 0), prefetch=2, backend=backend)
+    info = open_dataset(str(path))
+    loader = StepLoader(info, global_batch=batch, dp_rank=0, dp_size=1, seed=0, shuffle=True, position=DataPosition(0, 0),
+                        prefetch=2, backend=backend, steps=epochs * steps_per_epoch(info.rows("train"), batch))
     steps, times = iter(loader), []
     for _ in range(epochs):
         t0, rows = time.perf_counter(), 0

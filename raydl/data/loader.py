@@ -16,6 +16,7 @@ after any restart: the remaining rows are still consumed exactly once.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import queue
 import threading
@@ -78,7 +79,8 @@ def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class StepLoader:
-    """Yields this rank's slice of every global step from `position` on, for `max_epochs` (0 = forever).
+    """Yields this rank's slice of every global step from `position` on: `steps` of them (None: until the
+    consumer stops).
 
     data.backend picks who reads: `arrow` reads this rank's row groups with pyarrow in this process
     (SplitReader); `ray` streams the same rows, in the same order, through Ray Data read tasks
@@ -89,8 +91,9 @@ class StepLoader:
     def __init__(self, info: DatasetInfo, *, global_batch: int, dp_rank: int, dp_size: int, seed: int,
                  shuffle: bool, position: DataPosition, prefetch: int = 2, split: str = "train",
                  max_bad_shards: int = 0, backend: str = "arrow", augment: bool = False, read_cpus: float = 1.0,
-                 ledger: Ledger | None = None):
+                 ledger: Ledger | None = None, steps: int | None = None):
         self.info, self.split, self.seed, self.shuffle = info, split, seed, shuffle
+        self.steps = steps
         # Reading ahead needs a thread that consumes the steps meanwhile (prefetch); without one, the bytes a
         # rank decodes stay those of the steps it was asked for.
         self.reader = SplitReader(info, split, seed=seed, shuffle=shuffle, max_bad_shards=max_bad_shards,
@@ -109,7 +112,7 @@ class StepLoader:
 
     def _produce(self) -> Iterator[StepBatch]:
         epoch, offset = self.position.epoch, self.position.offset
-        for rows_epoch, rows in self._step_rows():
+        for rows_epoch, rows in itertools.islice(self._step_rows(), self.steps):
             if rows_epoch != epoch:      # drop_last: a final partial global batch is skipped by every rank
                 epoch, offset = rows_epoch, 0
             offset += self.global_batch
@@ -123,7 +126,8 @@ class StepLoader:
 
             yield from stream(self.info, self.split, start=self.position, seed=self.seed, shuffle=self.shuffle,
                               global_batch=self.global_batch, dp_rank=self.dp_rank, dp_size=self.dp_size,
-                              augment=self.augment, prefetch=self.prefetch, read_cpus=self.read_cpus)
+                              augment=self.augment, prefetch=self.prefetch, read_cpus=self.read_cpus,
+                              steps=self.steps)
             return
         epoch, offset = self.position.epoch, self.position.offset
         preprocess = make_preprocess(self.meta, augment=self.augment, seed=self.seed)
@@ -156,20 +160,23 @@ class StepLoader:
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
+        def hand(item) -> bool:
+            """Queue `item` unless the consumer has stopped; False once it has."""
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def work():
             items = self._produce()
             try:
-                for item in items:
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
+                if all(hand(item) for item in items):
+                    hand(None)           # all `steps` handed out: the consumer's loop ends
             except BaseException as e:   # hand reader errors to the training thread
-                q.put(e)
+                hand(e)
             finally:
                 items.close()            # stop the reader now (Ray Data's threads), not at garbage collection
 
@@ -187,7 +194,9 @@ class StepLoader:
     def _timed(self, items) -> Iterator[StepBatch]:
         while True:
             t0 = time.perf_counter()
-            item = next(items)
+            item = next(items, None)
+            if item is None:
+                return
             if isinstance(item, BaseException):
                 raise item
             item.wait_s = time.perf_counter() - t0

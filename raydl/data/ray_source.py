@@ -23,8 +23,10 @@ same runs (raydl.data.order) the arrow backend gathers.
 
 An execution covers steps until it has `READS_PER_EXECUTION` row groups, across epochs,
 because starting one costs about 0.3 s before the first block (raydl bench ingest), paid once
-per execution rather than once per epoch of a small dataset. The read tasks tag rows with their
-epoch only when the preprocessing needs it (image augmentation is drawn per epoch).
+per execution rather than once per epoch of a small dataset; the last one ends at the loader's last step
+(`steps`), and each runs to its end rather than being closed: closing cancels read tasks (`_run_out`).
+The read tasks tag rows with their epoch only when the preprocessing needs it (image augmentation is
+drawn per epoch).
 
 Cost: a rank decodes only the row groups of its lanes (raydl.data.order), 1/dp of the data
 when dp divides 8 and 8 divides the global batch, plus a row group per lane each time the
@@ -36,6 +38,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -101,8 +104,9 @@ class Read:
 
 
 def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shuffle: bool, global_batch: int,
-           dp_rank: int, dp_size: int, augment: bool, prefetch: int, read_cpus: float) -> Iterator[tuple[int, list[Piece]]]:
-    """(epoch, this rank's rows) for each step from `start` on."""
+           dp_rank: int, dp_size: int, augment: bool, prefetch: int, read_cpus: float,
+           steps: int | None = None) -> Iterator[tuple[int, list[Piece]]]:
+    """(epoch, this rank's rows) for each step from `start` on: `steps` of them (None: until closed)."""
     if not ray.is_initialized():
         raise DataError("data.backend=ray needs a Ray cluster, and this worker is not in one (torchrun?). "
                         "Fix: run with `raydl train`, or set data.backend=arrow.")
@@ -110,8 +114,8 @@ def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shu
     plan = RankPlan(info, split, seed, shuffle, global_batch, dp_rank, dp_size)
     preprocess = make_preprocess(info.meta, augment=augment, seed=seed)
     position = start
-    while True:
-        source = PlannedParquet(plan, position, tag_epoch=preprocess is not None)
+    while steps is None or steps > 0:
+        source = PlannedParquet(plan, position, tag_epoch=preprocess is not None, max_steps=steps)
         tasks = -(-len(source.reads) // GROUPS_PER_TASK)
         ds = ray.data.read_datasource(source, num_cpus=read_cpus, override_num_blocks=tasks)
         if preprocess is not None:
@@ -122,11 +126,24 @@ def stream(info: DatasetInfo, split: str, *, start: DataPosition, seed: int, shu
         tables = GroupTables(blocks, source.reads)
         try:
             for index, (epoch, runs) in enumerate(source.step_runs()):
-                yield epoch, tables.step(index, epoch, runs)
+                pieces = tables.step(index, epoch, runs)
+                if index == source.step_count - 1:
+                    _run_out(blocks)
+                yield epoch, pieces
         finally:
             blocks.close()
             _join_fetch_threads(threads)
         position = source.end
+        steps = None if steps is None else steps - source.step_count
+
+
+def _run_out(blocks: Iterator[pa.Table]) -> None:
+    """Let an execution whose steps are all read end by itself. Closing it instead has Ray Data cancel the read
+    tasks still finishing, and a cancel racing a task's completion aborts this process in Ray 2.60's core
+    worker ("Check failed: it != submissible_tasks_.end() Tried to complete task that was not pending",
+    the race of ray-project/ray#54527); every block has been consumed, so this only waits for the end."""
+    for _ in blocks:
+        pass
 
 
 def _configure_ray_data() -> None:
@@ -222,20 +239,21 @@ def _read_groups(plan: RankPlan, reads: list[Read], tag_epoch: bool) -> Iterator
 
 class PlannedParquet(Datasource):
     """The row groups this rank takes rows of, in the order it first needs them, from `start` on, for the
-    steps (`PLAN_STEPS` at a time, across epochs) until there are `READS_PER_EXECUTION` of them;
+    steps (`PLAN_STEPS` at a time, across epochs) until there are `READS_PER_EXECUTION` of them or `max_steps`;
     `GROUPS_PER_TASK` per read task. `spans`: (start, steps) of this execution's runs of steps; `end`: after them."""
 
-    def __init__(self, plan: RankPlan, start: DataPosition, *, tag_epoch: bool):
+    def __init__(self, plan: RankPlan, start: DataPosition, *, tag_epoch: bool, max_steps: int | None = None):
         super().__init__()
         self.plan, self.tag_epoch = plan, tag_epoch
         self.reads: list[Read] = []
         self.spans: list[tuple[DataPosition, int]] = []
         self.step_count = 0
         epoch, offset = start.epoch, start.offset
-        while not self.step_count or len(self.reads) < READS_PER_EXECUTION:
+        wanted = math.inf if max_steps is None else max_steps
+        while self.step_count < wanted and (not self.step_count or len(self.reads) < READS_PER_EXECUTION):
             order = plan.order(epoch)
             left = steps_per_epoch(order.num_rows - offset, plan.global_batch)
-            count = min(left, PLAN_STEPS)
+            count = min(left, PLAN_STEPS, wanted - self.step_count)
             self._plan(order, offset, count)
             offset += count * plan.global_batch
             if count == left:

@@ -26,7 +26,7 @@ from raydl.config import JobConfig
 from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, eval_batches
-from raydl.data.order import DataPosition
+from raydl.data.order import DataPosition, steps_per_epoch
 from raydl.driver.tensorboard import events_dir
 from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
@@ -138,17 +138,17 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     scaler = make_scaler(cfg.train.precision, session.device)
     state = restore(session, job, engine, optimizer, scaler, fingerprint)
     dp_rank = layout.coords(session.rank)[0]
+    total_steps = cfg.train.max_steps or cfg.train.max_epochs * steps_per_epoch(info.rows("train"), layout.global_batch)
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
                         seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
                         prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
                         backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus,
-                        ledger=Ledger.from_config(cfg.debug))
+                        ledger=Ledger.from_config(cfg.debug), steps=max(0, total_steps - state.step))
     marks.mark("data_open")
     clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size,
                       units_per_sample=spec.units_per_sample(info.meta),
                       flops_per_sample=chosen.flops_per_sample(info.meta) or 0.0)   # 0 = unknown
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
-    total_steps = cfg.train.max_steps or cfg.train.max_epochs * loader.steps_per_epoch
     if session.rank == 0:
         log.info(f"world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
                  f"{fingerprint['params'] / 1e6:.2f}M params")

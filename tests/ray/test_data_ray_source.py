@@ -10,8 +10,10 @@ import sys
 import textwrap
 
 import pytest
+import ray
 
 from raydl.config import JobConfig
+from raydl.data import ray_source
 from raydl.data.dataset import ensure_builtin, open_dataset
 from raydl.data.loader import StepLoader
 from raydl.data.order import DataPosition
@@ -22,10 +24,51 @@ pytestmark = pytest.mark.slow
 
 
 def steps(path, backend: str, dp_rank: int, position: DataPosition, n: int, column: str = "input_ids") -> list:
+    """The first `n` steps, from a loader of `n` steps read to its end."""
     loader = StepLoader(open_dataset(str(path)), global_batch=64, dp_rank=dp_rank, dp_size=2, seed=3, shuffle=True,
-                        position=position, prefetch=2, backend=backend, augment=True)
-    return [(b.position, b.tensors["id"].tolist(), b.tensors[column].double().sum().item())
-            for _, b in zip(range(n), loader)]
+                        position=position, prefetch=2, backend=backend, augment=True, steps=n)
+    return [(b.position, b.tensors["id"].tolist(), b.tensors[column].double().sum().item()) for b in loader]
+
+
+@pytest.fixture
+def cancels(monkeypatch) -> list:
+    """Every ray.cancel of this process (Ray Data cancels the read tasks still running when an execution is
+    closed), passed on to Ray."""
+    calls, cancel = [], ray.cancel
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return cancel(*args, **kwargs)
+
+    monkeypatch.setattr(ray, "cancel", counted)
+    return calls
+
+
+@pytest.mark.parametrize("reads_per_execution", [1, ray_source.READS_PER_EXECUTION])
+def test_a_loader_of_n_steps_runs_each_execution_to_its_end_and_cancels_no_read(ray_session, tmp_path, cancels,
+                                                                                 monkeypatch, reads_per_execution):
+    """A cancel that races a read task's completion aborted the process in Ray 2.60's core worker (CI, once):
+    a loader that knows its steps lets every execution end by itself, the last one at its last step.
+    1 read per execution: an execution per epoch (two here); the default: one execution of 16k steps."""
+    monkeypatch.setattr(ray_source, "READS_PER_EXECUTION", reads_per_execution)
+    path = make_dataset(tmp_path)
+    start = DataPosition(0, 5 * 64)
+    ray_steps = steps(path, "ray", 1, start, 40)
+    assert cancels == []
+    assert ray_steps == steps(path, "arrow", 1, start, 40)       # 40 steps, into the second epoch, as arrow's
+    assert len(ray_steps) == 40 and ray_steps[-1][0] == DataPosition(1, 13 * 64)
+
+
+def test_a_loader_closed_before_its_end_cancels_its_reads(ray_session, tmp_path, cancels):
+    """What the test above guards against happens: an execution closed at step 40 of its 16k cancels the reads
+    it had started (Ray Data kills their workers: force=True)."""
+    loader = StepLoader(open_dataset(str(make_dataset(tmp_path))), global_batch=64, dp_rank=1, dp_size=2, seed=3,
+                        shuffle=True, position=DataPosition(0, 5 * 64), prefetch=2, backend="ray")
+    batches = iter(loader)
+    for _ in range(40):
+        next(batches)
+    batches.close()
+    assert cancels
 
 
 def test_ray_backend_matches_arrow_from_a_mid_epoch_position(ray_session, tmp_path):
@@ -78,9 +121,9 @@ def test_dataset_larger_than_the_object_store_streams_through(tmp_path):
         ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False)
         store = ray.cluster_resources()["object_store_memory"]
         loader = StepLoader(open_dataset({str(path)!r}), global_batch=256, dp_rank=0, dp_size=1, seed=0,
-                            shuffle=True, position=DataPosition(0, 0), prefetch=2, backend="ray")
+                            shuffle=True, position=DataPosition(0, 0), prefetch=2, backend="ray", steps=150)
         ids, nbytes, memory = [], 0, []
-        for _, batch in zip(range(loader.steps_per_epoch), loader):
+        for batch in loader:
             ids += batch.tensors["id"].tolist()
             nbytes += sum(t.numel() * t.element_size() for t in batch.tensors.values())
             memory.append(rss())

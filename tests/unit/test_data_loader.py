@@ -275,3 +275,20 @@ def test_reading_ahead_decodes_later_steps_groups_and_hands_out_the_same_rows(tm
     started = {group for epoch, group in reader._groups if epoch == 7}
     assert needed < started, "the groups of the steps after the first were not started"
     assert [len(p) for p in reader.gather(order, first)] == [run.length for run in first]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_loader_of_n_steps_hands_out_those_steps_and_ends(tmp_path, prefetch):
+    info = open_dataset(str(make_dataset(tmp_path)))
+    start = DataPosition(0, 28 * GB)
+
+    def loader(steps):
+        return StepLoader(info, global_batch=GB, dp_rank=0, dp_size=2, seed=0, shuffle=True, position=start,
+                          prefetch=prefetch, steps=steps)
+
+    unbounded = loader(None)
+    first = [(b.position, b.tensors["id"].tolist()) for _, b in zip(range(10), unbounded)]
+    assert unbounded.steps_per_epoch == 32                          # so the 10 steps cross into epoch 1
+    assert [(b.position, b.tensors["id"].tolist()) for b in loader(10)] == first
+    assert first[-1][0] == DataPosition(1, 6 * GB)
+    assert list(loader(0)) == []
