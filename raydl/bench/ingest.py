@@ -81,16 +81,17 @@ def epoch_pyarrow(path: Path, batch: int) -> int:
 def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[int, list[float]]:
     """One loader over `epochs` epochs, as training uses it: (rows per epoch, seconds per epoch)."""
     from raydl.data.dataset import open_dataset
-    from raydl.data.loader import StepLoader
-    from raydl.data.order import DataPosition, steps_per_epoch
+    from raydl.data.loader import StepLoader, epoch_steps
+    from raydl.data.order import DataPosition
 
     info = open_dataset(str(path))
+    per_epoch = epoch_steps(info, batch)
     loader = StepLoader(info, global_batch=batch, dp_rank=0, dp_size=1, seed=0, shuffle=True, position=DataPosition(0, 0),
-                        prefetch=2, backend=backend, steps=epochs * steps_per_epoch(info.rows("train"), batch))
+                        prefetch=2, backend=backend, steps=epochs * per_epoch)
     steps, times = iter(loader), []
     for _ in range(epochs):
         t0, rows = time.perf_counter(), 0
-        for _ in range(loader.steps_per_epoch):
+        for _ in range(per_epoch):
             rows += len(next(steps).tensors["input_ids"])
         times.append(time.perf_counter() - t0)
     return rows, times

@@ -78,6 +78,11 @@ def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(padded), torch.from_numpy(mask)
 
 
+def epoch_steps(info: DatasetInfo, global_batch: int, split: str = "train") -> int:
+    """Global steps in an epoch of `split`: a final partial global batch is dropped."""
+    return steps_per_epoch(info.rows(split), global_batch)
+
+
 class StepLoader:
     """Yields this rank's slice of every global step from `position` on: `steps` of them (None: until the
     consumer stops).
@@ -103,9 +108,9 @@ class StepLoader:
         self.position = position
         self.prefetch = prefetch
         self.backend, self.augment, self.read_cpus = backend, augment, read_cpus
-        self.steps_per_epoch = steps_per_epoch(self.reader.order(0).num_rows, global_batch)
+        self.steps_per_epoch = epoch_steps(info, global_batch, split)
         if self.steps_per_epoch == 0:
-            raise DataError(f"the {split} split has {self.reader.order(0).num_rows} rows, fewer than one global batch "
+            raise DataError(f"the {split} split has {info.rows(split)} rows, fewer than one global batch "
                             f"({global_batch}). Fix: lower train.global_batch_size or add data.")
         self.ledger = ledger.open(dp_rank=dp_rank, dp_size=dp_size, start=position,
                                   steps_per_epoch=self.steps_per_epoch, global_batch=global_batch) if ledger else None

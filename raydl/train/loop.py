@@ -25,8 +25,8 @@ from raydl import log as raydl_log
 from raydl.config import JobConfig
 from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
-from raydl.data.loader import StepLoader, eval_batches
-from raydl.data.order import DataPosition, steps_per_epoch
+from raydl.data.loader import StepLoader, epoch_steps, eval_batches
+from raydl.data.order import DataPosition
 from raydl.driver.tensorboard import events_dir
 from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
@@ -138,7 +138,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     scaler = make_scaler(cfg.train.precision, session.device)
     state = restore(session, job, engine, optimizer, scaler, fingerprint)
     dp_rank = layout.coords(session.rank)[0]
-    total_steps = cfg.train.max_steps or cfg.train.max_epochs * steps_per_epoch(info.rows("train"), layout.global_batch)
+    total_steps = cfg.train.max_steps or cfg.train.max_epochs * epoch_steps(info, layout.global_batch)
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
                         seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
                         prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
