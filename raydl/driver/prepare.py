@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from raydl.config import JobConfig, default_run_dir
-from raydl.driver.tensorboard import require_installed
+from raydl.metrics.tensorboard import require_installed
 from raydl.errors import ConfigError
 from raydl.models.choice import choose_model
 from raydl.models.spec import ModelSpec

@@ -16,7 +16,8 @@ from raydl import log as raydl_log
 from raydl.config import JobConfig
 from raydl.driver.cluster_watch import LocalRayletWatch
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
-from raydl.driver.stop import SignalStop, start_stop_request
+from raydl.driver.stop import start_stop_request
+from raydl.signals import SignalStop
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
 from raydl.telemetry import startup
@@ -137,11 +138,14 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
 def build_trainer(run: PreparedRun, *, callbacks=()):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-    from raydl.driver.callbacks import MetricsCallback
+    from raydl.driver.callbacks import FailureCauseCallback
     from raydl.driver.failure_policy import RaydlTrainer
-    from raydl.driver.tensorboard import events_dir
+    from raydl.metrics.sink import start_sink
+    from raydl.metrics.tensorboard import events_dir
 
     s, cfg = run.cfg.scaling, run.cfg
+    run.job["metrics_sink"] = f"raydl-metrics-{run.job['run_id']}"
+    sink = start_sink(run.job["metrics_sink"], str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job))
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
     storage = cfg.checkpoint.storage_path or str(run.run_dir)
@@ -160,12 +164,13 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # Also when connecting to a Ray that was started with another runtime env.
             worker_runtime_env={"env_vars": ray_env(cfg)},
-            callbacks=[MetricsCallback(str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job)), *callbacks],
+            callbacks=[FailureCauseCallback(run.job["metrics_sink"]), *callbacks],
             # Ray logs every report's full metrics at INFO; raydl logs its own progress line.
             logging_config=LoggingConfig(log_level=logging.getLevelName(raydl_log.ray_log_level())),
         ),
     )
     trainer.private_ray = os.environ.get(PRIVATE_RAY_ENV) == "1"
+    trainer.metrics_sink = sink   # the actor lives as long as a handle to it does
     return trainer
 
 

@@ -1,9 +1,9 @@
 """What a run costs: device-hours counted as the run goes, priced from cluster/prices.yaml.
 
 Accounting (`CostMeter`, on the driver: the metrics writer feeds it every step record it writes)
-    A step holds ``world_size x units`` devices for its ``step_s``: units are GPUs per worker
+    A step holds ``world_size x units`` devices for its ``elapsed_s``: units are GPUs per worker
     (scaling.gpus_per_worker) on a GPU run, CPU cores per worker (scaling.cpus_per_worker) on a CPU run.
-    ``step_s`` runs from the end of the worker group's previous step, so the evaluations, checkpoint saves
+    ``elapsed_s`` runs from the end of the worker group's previous step, so the evaluations, checkpoint saves
     and reports between steps are in it. The gap before a new worker group's first step (a restart or a
     resize: old group down, new workers up, checkpoint loaded) is charged at the smaller of the two group
     sizes, the devices held on both sides of it. Steps redone after a restart are charged again: they were
@@ -330,10 +330,10 @@ class CostMeter:
         self.rate = self.pricing.rate(device)
         first = records[0]
         if group_start and self.last:
-            gap = max(0.0, first.time - first.step_s - self.last[0])
+            gap = max(0.0, first.time - first.elapsed_s - self.last[0])
             self._add(gap * min(self.last[1], first.world_size))
         for r in records:
-            self._add(r.step_s * r.world_size)
+            self._add(r.elapsed_s * r.world_size)
             r.device_hours, r.cost_usd = self.device_hours, self.usd
         self.last = (records[-1].time, records[-1].world_size)
 

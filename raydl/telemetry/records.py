@@ -27,7 +27,11 @@ class StepRecord:
     samples: int                 # the global batch of this step
     world_size: int
     time: float                  # wall clock at the end of the step
-    step_s: float
+    step_s: float                # the step itself: waiting for its batch, forward, backward, optimizer
+    # Wall time between the previous step's end and this step's start (an eval, a report, a checkpoint):
+    # time - step_s - between_s is the previous step's `time`. report_s and checkpoint_s are the parts of it spent
+    # reporting and saving after the previous step (an eval's part is that step's eval_s).
+    between_s: float = 0.0
     data_wait_s: float
     data_wait_frac: float
     samples_per_s: float
@@ -38,12 +42,19 @@ class StepRecord:
     mfu: float | None = None                  # None when the device's peak is unknown (CPU, unlisted GPU)
     gpu: dict[str, float] = field(default_factory=dict)   # NVML readings, on GPU only
     eval_loss: float | None = None
-    eval_s: float | None = None               # eval time, to take out of the next step's step_s
+    eval_s: float | None = None               # the eval after this step (in the next step's between_s)
+    report_s: float | None = None
+    checkpoint_s: float | None = None
     # The run's running totals up to this step, added by the driver's writer (raydl.telemetry.cost).
     device_hours: float | None = None         # GPU-hours, or CPU core-hours on a CPU run
     cost_usd: float | None = None             # None: no price known for the device
     # A worker group's first step only: its start-up marks (raydl.telemetry.startup), mark -> wall clock.
     startup: dict[str, float] | None = None
+
+    @property
+    def elapsed_s(self) -> float:
+        """Wall time since the previous step's end: this step and what ran before it."""
+        return self.between_s + self.step_s
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k != "gpu"}
@@ -79,7 +90,6 @@ class WorkerReport:
     group_start: bool = False          # the first report of a new worker group (start, restart or resize)
     preempted: bool = False            # carries the checkpoint taken at a preemption notice
     final: FinalInfo | None = None
-    restart_cause: str | None = None   # filled in on the driver, which sees why the last group ended
     device: str = "cpu"                # what the workers train on: cpu or the GPU's name (prices the device-hours)
 
     def to_dict(self) -> dict[str, Any]:

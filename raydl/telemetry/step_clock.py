@@ -1,7 +1,9 @@
 """Worker side: per-step timing records between two reports, model FLOP/s and peak memory.
 
-Workers time each step and report every `telemetry.report_every` steps (Ray caps reports at
-about one per controller poll); the driver's `MetricsWriter` turns the reports into files.
+Workers time each step, and the time between steps by what it was spent on (eval, report, checkpoint),
+so that a stopwatch's throughput (samples over elapsed time) and the step rate (samples over a step's own
+time) can both be told from the records. Rank 0 sends them every `telemetry.report_every` steps;
+`raydl.metrics.writer.MetricsWriter` turns them into files.
 """
 
 from __future__ import annotations
@@ -41,17 +43,28 @@ class StepClock:
         self.peak_flops_total = peak_flops_total   # over all workers: MFU = model FLOP/s / this
         self.units_per_sample, self.flops_per_sample = units_per_sample, flops_per_sample
         self.first_step = first_step          # the first step this worker group will run
-        self.t_last = time.perf_counter()
+        self.t_last = self.t_begin = time.perf_counter()   # the previous step's end; this step's start
+        self.spent: dict[str, float] = {}     # since the previous step's end: seconds by what they went to
+
+    def begin(self) -> None:
+        """A step starts (before it waits for its batch)."""
+        self.t_begin = time.perf_counter()
+
+    def spend(self, kind: str, seconds: float) -> None:
+        """Time between two steps that went to `kind` (report, checkpoint): on the next step's record."""
+        self.spent[kind] = self.spent.get(kind, 0.0) + seconds
 
     def record(self, *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, samples: int,
                world_size: int, data_wait_s: float, bad_shards: int, device: torch.device,
                gpu: dict[str, float]) -> StepRecord:
         now = time.perf_counter()
-        step_s, self.t_last = now - self.t_last, now
+        step_s, between_s, self.t_last = now - self.t_begin, self.t_begin - self.t_last, now
+        spent, self.spent = self.spent, {}
         flops_per_s = samples * self.flops_per_sample / step_s
         record = StepRecord(
             step=step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm, samples=samples, world_size=world_size,
-            time=time.time(), step_s=step_s, data_wait_s=data_wait_s, data_wait_frac=data_wait_s / step_s,
+            time=time.time(), step_s=step_s, between_s=between_s, report_s=spent.get("report"),
+            checkpoint_s=spent.get("checkpoint"), data_wait_s=data_wait_s, data_wait_frac=data_wait_s / step_s,
             samples_per_s=samples / step_s, tokens_per_s=samples * self.units_per_sample / step_s,
             bad_shards=bad_shards, peak_memory_mb=peak_memory_mb(device), gpu=gpu,
             model_tflops_per_s=flops_per_s / 1e12 if flops_per_s else None,

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from raydl import log as raydl_log
 from raydl.config import JobConfig
@@ -27,7 +26,7 @@ from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, epoch_steps, eval_batches
 from raydl.data.order import DataPosition
-from raydl.driver.tensorboard import events_dir
+from raydl.metrics.tensorboard import events_dir
 from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
@@ -38,6 +37,7 @@ from raydl.telemetry import startup
 from raydl.telemetry.records import FinalInfo, WorkerReport
 from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
+from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
@@ -77,14 +77,6 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint) -> Train
     return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
 
 
-def mean_over_loss_ranks(values: list[float], has_loss: bool, device: torch.device) -> list[float]:
-    """Average per-step losses over the ranks that computed one (all of DP; the last stage of PP)."""
-    t = torch.tensor([v if has_loss else 0.0 for v in values] + [float(has_loss)], dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return (t[:-1] / t[-1]).tolist()
-
-
 @dataclass
 class Worker:
     """What one worker-group start builds: the model laid out, its optimizer, data and clocks."""
@@ -120,8 +112,9 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if session is None:
-        session = RaySession() if in_ray() else TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
-                                                                cfg.telemetry.progress, events_dir(cfg, job))
+        session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False)) if in_ray() else
+                   TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
+                                   cfg.telemetry.progress, events_dir(cfg, job)))
     marks.mark("process_group_ready")   # Ray Train sets it up before the train function; torchrun's session here
     search_from(job.get("import_dir", ""))     # where the driver imported model.name from
     chosen = choose_model(cfg.model, job.get("model"))
@@ -176,6 +169,7 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
     profiler = StepProfiler(cfg.telemetry.profile_steps, first_step=state.step + 1, last_step=w.total_steps,
                             run_dir=w.job["run_dir"], session=w.session, layout=layout)
     while state.step < w.total_steps:
+        w.clock.begin()
         profiler.begin(state.step + 1)
         with phase("data_wait"):
             batch = next(batches)
@@ -198,16 +192,15 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
         checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
-            # Checked only at reports: they are barriers, and a drain deadline is seconds away, not steps.
-            if not saved_on_notice and w.session.preemption_notice():
-                checkpoint_due = saved_on_notice = True   # save now; Ray restarts the group smaller later
-            stopped_by = w.session.stop_requested(w.job.get("stop_actor"))
-            report(w, state, stats.has_loss, checkpoint_due=checkpoint_due or bool(stopped_by),
-                   preempted=saved_on_notice)
-            if saved_on_notice:
-                w.session.wait_for_restart()
-            if stopped_by:
-                return state, stopped_by
+            t_report = time.perf_counter()
+            agreed = report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, saved_on_notice=saved_on_notice)
+            w.clock.spend("checkpoint" if w.last_checkpoint_step == state.step else "report",
+                          time.perf_counter() - t_report)
+            if agreed.preempted and not saved_on_notice:
+                saved_on_notice = True
+                w.session.wait_for_restart()   # Ray restarts the group smaller, from the checkpoint just saved
+            if agreed.stop_signum:
+                return state, agreed.stop_signum
     return state, 0
 
 
@@ -226,26 +219,32 @@ def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
     w.last_checkpoint_step = state.step
 
 
-def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bool, preempted: bool) -> None:
-    """Report the steps since the last report (a barrier on every rank); with a checkpoint if due."""
+def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bool,
+           saved_on_notice: bool) -> Agreed:
+    """Agree with the other ranks on the steps' losses and on the signals (one collective), then send the steps
+    since the last report, with a checkpoint if one is due, asked for (a stop), or a drain notice's first."""
     records = w.clock.drain()
     group_start = records[0].step == w.clock.first_step
     if group_start:
         records[0].startup = startup.worker_group_marks(w.marks, records[0], w.session.device,
                                                         w.session.controller_start() if w.session.rank == 0 else None)
-    for r, loss in zip(records, mean_over_loss_ranks([r.loss for r in records], has_loss, w.session.device)):
+    agreed = agree([r.loss for r in records], has_loss, stop_signum=w.session.stop_signal(w.job.get("stop_actor")),
+                   preempted=w.session.preemption_notice(), device=w.session.device)
+    for r, loss in zip(records, agreed.losses):
         r.loss = loss
         if not math.isfinite(loss):   # every rank sees the same mean, so all ranks stop here together
             raise TrainingDivergedError(step=r.step, loss=loss, lr=r.lr, last_finite=w.last_finite_loss,
                                    checkpoint_step=w.last_checkpoint_step, run_dir=w.job["run_dir"],
                                    grad_clip=w.cfg.train.grad_clip, precision=w.cfg.train.precision)
         w.last_finite_loss = (r.step, loss)
+    preempted = agreed.preempted and not saved_on_notice   # the notice's checkpoint: the group's last
     message = WorkerReport(records=records if w.session.rank == 0 else [], layout=w.engine.layout.to_dict(),
                            total_steps=w.total_steps, step=state.step,
                            group_start=group_start, preempted=preempted,
                            device=torch.cuda.get_device_name(w.session.device) if w.session.device.type == "cuda"
                            else "cpu")   # the driver prices device-hours by it
-    if checkpoint_due:
+    if checkpoint_due or preempted or agreed.stop_signum:
         w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
     else:
         w.session.report(message)
+    return agreed

@@ -1,10 +1,11 @@
 """Where a worker runs: under Ray Train or under torchrun. The loop only sees this interface.
 
-Ray: ranks and the process group come from Ray Train; each rank writes its checkpoint
-shards to a local temp dir and `ray.train.report` uploads and registers them (all ranks
-must report: it is a barrier). torchrun: ranks come from the environment, raydl creates the
-process group, checkpoints are written straight into the shared run directory and the
-rank-0 process writes metrics itself.
+Ray: ranks and the process group come from Ray Train; rank 0 sends step records to the run's
+metrics sink actor without waiting (raydl.metrics.sink); each rank writes its checkpoint shards
+to a local temp dir and `ray.train.report` uploads and registers them (all ranks must report: it
+is a barrier, and the controller drains one report per poll, so only checkpoints go through it).
+torchrun: ranks come from the environment, raydl creates the process group, checkpoints are
+written straight into the shared run directory and the rank-0 process writes metrics itself.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from raydl import log as raydl_log
-from raydl.driver.metrics_writer import MetricsWriter
-from raydl.driver.stop import SignalStop
+from raydl.metrics.writer import MetricsWriter
+from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
 from raydl.telemetry.startup import process_start_time
 from raydl.train import checkpoint as ckpt
@@ -37,7 +38,10 @@ def pick_device(local_rank: int) -> torch.device:
 
 
 class RaySession:
-    def __init__(self):
+    def __init__(self, sink_name: str, *, tune_reports: bool = False):
+        """`sink_name`: the run's metrics sink actor. `tune_reports`: also send every report through Ray Train
+        (a multi-worker sweep trial: Tune sees a trial's progress only in its Train reports)."""
+        import ray
         import ray.train
 
         self._train = ray.train
@@ -51,7 +55,10 @@ class RaySession:
         self.local_rank = ctx.get_local_rank()
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
+        self.sink = ray.get_actor(sink_name) if self.rank == 0 else None
+        self.tune_reports = tune_reports
         self._stop_actor = None             # the driver's stop request, looked up at the first report
+        self._stop_answer = None            # rank 0's question to it, in flight
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
@@ -74,21 +81,28 @@ class RaySession:
         return ray.get(controller.__ray_call__.remote(lambda _: process_start_time()), timeout=30)
 
     def preemption_notice(self) -> bool:
-        """True once a node of this group got a drain/preemption notice (a barrier: call on every rank)."""
-        return self._train.get_preemption_info() is not None
+        """True once Train's preemption watcher told this worker that a node of its group will be drained
+        (read locally: the ranks agree on it in raydl.train.agree)."""
+        from ray.train.v2._internal.execution.context import get_train_context
 
-    def stop_requested(self, actor_name: str | None) -> int:
-        """The signal the driver got (0 = none), the same on every rank (a barrier: call on every rank)."""
+        return get_train_context().preemption_context.preemption_info is not None
+
+    def stop_signal(self, actor_name: str | None) -> int:
+        """The signal the driver got (0 = none, or not known yet), asked by rank 0 without waiting: the answer
+        to the previous question if it has come, and the next question sent."""
         import ray
 
-        asked = 0
-        if actor_name:
-            try:
-                self._stop_actor = self._stop_actor or ray.get_actor(actor_name)   # one name lookup per group
-                asked = ray.get(self._stop_actor.requested.remote(), timeout=30)
-            except (ValueError, ray.exceptions.RayError):   # gone with the driver: nobody can ask to stop
-                asked = 0
-        return agree_on_max(asked, self.device)
+        if self.rank != 0 or not actor_name:
+            return 0
+        try:
+            self._stop_actor = self._stop_actor or ray.get_actor(actor_name)   # one name lookup per group
+            answer = self._stop_answer
+            if answer is not None and not ray.wait([answer], timeout=0)[0]:
+                return 0   # still on its way
+            self._stop_answer = self._stop_actor.requested.remote()
+            return ray.get(answer) if answer is not None else 0
+        except (ValueError, ray.exceptions.RayError):   # gone with the driver: nobody can ask to stop
+            return 0
 
     def wait_for_restart(self) -> None:
         """After the checkpoint at a preemption notice: stop stepping until Ray replaces this worker group.
@@ -103,11 +117,12 @@ class RaySession:
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         from ray.train import Checkpoint
 
+        self._send(report)
         d = tempfile.mkdtemp(prefix="raydl-ckpt-")
         try:
             save_fn(d)
-            self._train.report(report.to_dict(), checkpoint=Checkpoint.from_directory(d),
-                               checkpoint_dir_name=self._unused_name(step))
+            self._train.report(report.to_dict() if self.tune_reports else {"step": step},
+                               checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name=self._unused_name(step))
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -123,7 +138,20 @@ class RaySession:
         return candidate
 
     def report(self, report: WorkerReport) -> None:
-        self._train.report(report.to_dict())
+        self._send(report)
+        if self.tune_reports:
+            self._train.report(report.to_dict())
+
+    def _send(self, report: WorkerReport) -> None:
+        """Rank 0's records to the sink, not waited for; the run's final report is, so summary.json is
+        written before the train function returns."""
+        if self.sink is None:
+            return
+        import ray
+
+        written = self.sink.write.remote(report.to_dict(), self.world_size)
+        if report.final:
+            ray.get(written, timeout=60)
 
     def close(self) -> None:
         pass
@@ -153,8 +181,8 @@ class TorchrunSession:
     def preemption_notice(self) -> bool:
         return False   # torchrun has no drain notices; its restarts resume from the run directory
 
-    def stop_requested(self, actor_name: str | None) -> int:
-        return agree_on_max(self.signals.signum, self.device)
+    def stop_signal(self, actor_name: str | None) -> int:
+        return self.signals.signum   # torchrun forwards the signal to every rank's own handler
 
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         path = self.run_dir / "train" / ckpt.checkpoint_name(step)
@@ -173,14 +201,6 @@ class TorchrunSession:
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def agree_on_max(value: int, device: torch.device) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
 
 
 def in_ray() -> bool:

@@ -44,10 +44,11 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def train_seconds(records: list[dict[str, Any]]) -> list[float]:
-    """Cumulative training time after each step; an eval's time lands in the next step's step_s, so take it out."""
+    """Cumulative training time after each step, reports and checkpoints included; an eval's time lands in the
+    next step's between_s, so take it out."""
     total, prev_eval, out = 0.0, 0.0, []
     for r in records:
-        total += max(0.0, r["step_s"] - prev_eval)
+        total += max(0.0, r["step_s"] + r.get("between_s", 0.0) - prev_eval)
         prev_eval = r.get("eval_s", 0.0)
         out.append(total)
     return out

@@ -35,7 +35,7 @@ from ray.tune import Callback
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from raydl import log as raydl_log
-from raydl.driver import tensorboard
+from raydl.metrics import tensorboard
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
@@ -107,6 +107,7 @@ def train(run, metrics: TrialMetrics) -> None:
         return
     from raydl.driver.ray_trainer import build_trainer
 
+    run.job["tune_reports"] = True   # Tune sees a multi-worker trial only through its Train reports
     build_trainer(run, callbacks=[TrialReporter(metrics)]).fit()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raydl.driver.metrics_writer import MetricsWriter
+from raydl.metrics.writer import MetricsWriter
 from raydl.driver.prepare import prepare_run
 from raydl.errors import ConfigError
 from raydl.overrides import dump_yaml, load_config

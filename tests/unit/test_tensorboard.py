@@ -15,8 +15,8 @@ import pytest
 
 from raydl.cli import main
 from raydl.config import JobConfig
-from raydl.driver import tensorboard
-from raydl.driver.metrics_writer import MetricsWriter
+from raydl.metrics import tensorboard
+from raydl.metrics.writer import MetricsWriter
 from raydl.errors import ConfigError
 from raydl.overrides import load_config
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport

@@ -1,8 +1,12 @@
-"""Driver side: worker reports -> metrics.jsonl, the progress line and summary.json.
+"""Worker reports -> metrics.jsonl, the progress line and summary.json.
 
-The writer runs where the run directory is: in the Ray Train controller (a UserCallback,
-pinned to the driver's node) or in the rank-0 torchrun process. It also keeps the run's
+The writer runs where the run directory is: in the metrics sink actor (raydl.metrics.sink, pinned to
+the driver's node) under Ray, or in the rank-0 process under torchrun. It also keeps the run's
 record: world sizes, layouts, restarts and device-hours with their cost (raydl.telemetry.cost).
+
+Throughput is what a stopwatch sees: samples over the elapsed wall time of the run's steady part
+(the steps after the first fifth), evaluations, reports, checkpoints and restarts included; each
+step's own rate is kept as `step_rate` (the median over the steady steps).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from raydl import log as raydl_log
-from raydl.driver.tensorboard import EventsWriter
+from raydl.metrics.tensorboard import EventsWriter
 from raydl.telemetry.cost import CostMeter, Pricing, last_line
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
@@ -34,17 +38,27 @@ class MetricsWriter:
         self.layouts: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
         self.last_checkpoint: str | None = None
+        self.pending_cause: str | None = None   # why the current worker group will end, told before its successor
         self.events = EventsWriter(events_dir) if events_dir else None
         self.cost = CostMeter(Pricing.for_run_dir(self.run_dir))
         if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
             self.cost.resume(line)
 
+    def note_failure(self, cause: str) -> None:
+        """A worker group failed (told by Ray Train's controller): the cause of the restart that follows.
+        A group that ended at a drain notice ended by preemption, whatever errors its end raised."""
+        if not (self.pending_cause or "").startswith("preemption"):
+            self.pending_cause = cause
+
     def write(self, report: WorkerReport, *, world_size: int, checkpoint: str | None = None) -> None:
         records = report.records
+        if report.preempted:   # the checkpoint at a drain notice: the group's end, whatever errors follow
+            self.pending_cause = f"preemption notice (checkpoint at step {report.step})"
         if records and self.records and report.group_start:
             before = self.records[-1].world_size
-            cause = report.restart_cause or (f"resize {before} -> {world_size} workers" if before != world_size
-                                             else "restart (no worker error reported)")
+            cause = (self.pending_cause or (f"resize {before} -> {world_size} workers" if before != world_size
+                      else "restart (no worker error reported)"))
+            self.pending_cause = None
             self.restarts.append(self._restart(cause, records[0]))
         if world_size not in self.world_sizes:
             self.world_sizes.append(world_size)
@@ -66,15 +80,15 @@ class MetricsWriter:
     def _restart(self, cause: str, first: StepRecord) -> dict[str, Any]:
         """A new worker group's first step: how many steps it redoes and the wall time the restart cost.
 
-        seconds_lost = gap between the last step before and the first step after, plus the
+        gap_s: from the last step before to the first step after (the new group's start); seconds_lost: that, plus the
         time to redo the steps that had been done but not checkpointed (at the median step time).
         """
         last = self.records[-1]
         redone = max(0, last.step - first.step + 1)
-        step_s = statistics.median(r.step_s for r in self.records[-20:])
-        gap = first.time - first.step_s - last.time
-        return {"cause": cause, "step": last.step, "resumed_at_step": first.step - 1,
-                "steps_redone": redone, "seconds_lost": round(gap + redone * step_s, 2)}
+        step_s = statistics.median(r.elapsed_s for r in self.records[-20:])
+        gap = first.time - first.elapsed_s - last.time
+        return {"cause": cause, "step": last.step, "resumed_at_step": first.step - 1, "steps_redone": redone,
+                "gap_s": round(gap, 3), "seconds_lost": round(gap + redone * step_s, 2)}
 
     def _note_layout(self, layout: dict[str, Any], records: list[StepRecord]) -> None:
         if not layout or not records:
@@ -86,27 +100,32 @@ class MetricsWriter:
         self.layouts[-1]["to_step"] = records[-1].step
 
     def _print_progress(self, r: StepRecord, total: int) -> None:
-        eta = ""
-        if total and r.step_s:
-            eta = f" eta {max(0, total - r.step) * statistics.median(x.step_s for x in self.records[-20:]):.0f}s"
+        recent = self.records[-20:]
+        rate, elapsed = wall_clock(recent)
+        eta = f" eta {max(0, total - r.step) * elapsed / len(recent):.0f}s" if total and elapsed else ""
         log.info(f"step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
-                 f"{r.samples_per_s:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
+                 f"{rate:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
                  f"ws {r.world_size} {self.cost.progress()}{eta}")
 
     def summary(self, final: FinalInfo) -> dict[str, Any]:
         recs = self.records
         steady = recs[len(recs) // 5:] or recs
+        samples_per_s, _ = wall_clock(steady)
+        step_rate = statistics.median(r.samples_per_s for r in steady) if steady else 0.0
+        wall_share = samples_per_s / step_rate if step_rate else 0.0   # the stopwatch's rate / the steps' own
         return {
             "steps": recs[-1].step if recs else 0,
             "samples": final.samples,
             "first_loss": recs[0].loss if recs else None,
             "final_loss": recs[-1].loss if recs else None,
             "eval": final.eval,
-            "samples_per_s": statistics.median(r.samples_per_s for r in steady) if steady else 0.0,
-            "tokens_per_s": statistics.median(r.tokens_per_s for r in steady) if steady else 0.0,
+            "samples_per_s": samples_per_s,
+            "tokens_per_s": wall_share * statistics.median(r.tokens_per_s for r in steady) if steady else 0.0,
+            "step_rate": step_rate,
+            "time_in": self.time_in(),
             "data_wait_frac": statistics.median(r.data_wait_frac for r in steady) if steady else 0.0,
-            **_median_if_known(steady, "model_tflops_per_s"),
-            **_median_if_known(steady, "mfu"),
+            **_median_if_known(steady, "model_tflops_per_s", wall_share),
+            **_median_if_known(steady, "mfu", wall_share),
             "peak_memory_mb": max((r.peak_memory_mb for r in recs), default=0.0),
             "world_sizes": self.world_sizes,
             "layouts": self.layouts,
@@ -118,13 +137,40 @@ class MetricsWriter:
             **self.cost.summary(),
         }
 
+    def time_in(self) -> dict[str, float]:
+        """Where the run's wall time went, from its first step's start to its last step's end (seconds).
+        `other`: the rest (waiting between steps for anything not named here)."""
+        recs = self.records
+        if not recs:
+            return {}
+        spent = {"steps": sum(r.step_s for r in recs),
+                 "eval": sum(r.eval_s or 0.0 for r in recs[:-1]),   # the last step's eval ran after its end
+                 "reports": sum(r.report_s or 0.0 for r in recs),
+                 "checkpoint": sum(r.checkpoint_s or 0.0 for r in recs),
+                 "restarts": sum(r["gap_s"] for r in self.restarts)}
+        wall = recs[-1].time - (recs[0].time - recs[0].elapsed_s)
+        spent["other"] = wall - sum(spent.values())
+        return {"wall": wall, **{k: round(v, 3) for k, v in spent.items()}}
+
     def write_summary(self, final: FinalInfo) -> dict[str, Any]:
         summary = self.summary(final)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
 
-def _median_if_known(records: list[StepRecord], key: str) -> dict[str, float]:
-    """{key: median} when the steady steps measured it (model FLOPs and device peak known), else {}."""
+def wall_clock(records: list[StepRecord]) -> tuple[float, float]:
+    """(samples/s, elapsed s) of consecutive records as a stopwatch sees them: the samples of their steps (a
+    step redone after a restart counted once) over the wall time from before the first one to the last one's
+    end, with whatever ran between them."""
+    if not records:
+        return 0.0, 0.0
+    elapsed = records[-1].time - (records[0].time - records[0].elapsed_s)
+    samples = sum({r.step: r.samples for r in records}.values())
+    return (samples / elapsed if elapsed > 0 else 0.0), elapsed
+
+
+def _median_if_known(records: list[StepRecord], key: str, scale: float) -> dict[str, float]:
+    """{key: median x scale} when the steady steps measured it (model FLOPs and device peak known), else {}.
+    `scale`: the stopwatch's rate over the steps' own, so that FLOP/s and MFU count the time between steps."""
     values = [getattr(r, key) for r in records if getattr(r, key) is not None]
-    return {key: statistics.median(values)} if records and len(values) == len(records) else {}
+    return {key: scale * statistics.median(values)} if records and len(values) == len(records) else {}
