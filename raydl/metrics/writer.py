@@ -101,7 +101,7 @@ class MetricsWriter:
 
     def _print_progress(self, r: StepRecord, total: int) -> None:
         recent = self.records[-20:]
-        rate, elapsed = wall_clock(recent)
+        rate, elapsed = stopwatch(recent)
         eta = f" eta {max(0, total - r.step) * elapsed / len(recent):.0f}s" if total and elapsed else ""
         log.info(f"step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
                  f"{rate:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
@@ -110,7 +110,7 @@ class MetricsWriter:
     def summary(self, final: FinalInfo) -> dict[str, Any]:
         recs = self.records
         steady = recs[len(recs) // 5:] or recs
-        samples_per_s, _ = wall_clock(steady)
+        samples_per_s, _ = stopwatch(steady)
         step_rate = statistics.median(r.samples_per_s for r in steady) if steady else 0.0
         wall_share = samples_per_s / step_rate if step_rate else 0.0   # the stopwatch's rate / the steps' own
         return {
@@ -145,8 +145,8 @@ class MetricsWriter:
             return {}
         spent = {"steps": sum(r.step_s for r in recs),
                  "eval": sum(r.eval_s or 0.0 for r in recs[:-1]),   # the last step's eval ran after its end
-                 "reports": sum(r.report_s or 0.0 for r in recs),
-                 "checkpoint": sum(r.checkpoint_s or 0.0 for r in recs),
+                 "reports": sum(r.report_s for r in recs),
+                 "checkpoint": sum(r.checkpoint_s for r in recs),
                  "restarts": sum(r["gap_s"] for r in self.restarts)}
         wall = recs[-1].time - (recs[0].time - recs[0].elapsed_s)
         spent["other"] = wall - sum(spent.values())
@@ -158,15 +158,19 @@ class MetricsWriter:
         return summary
 
 
-def wall_clock(records: list[StepRecord]) -> tuple[float, float]:
-    """(samples/s, elapsed s) of consecutive records as a stopwatch sees them: the samples of their steps (a
-    step redone after a restart counted once) over the wall time from before the first one to the last one's
-    end, with whatever ran between them."""
-    if not records:
+def wall_clock(steps: list[tuple[int, int, float, float]]) -> tuple[float, float]:
+    """(samples/s, elapsed s) of consecutive steps, each (step, samples, end time, elapsed_s), as a stopwatch sees
+    them: their samples (a step redone after a restart counted once) over the wall time from before the first one
+    to the last one's end, with whatever ran between them."""
+    if not steps:
         return 0.0, 0.0
-    elapsed = records[-1].time - (records[0].time - records[0].elapsed_s)
-    samples = sum({r.step: r.samples for r in records}.values())
+    elapsed = steps[-1][2] - (steps[0][2] - steps[0][3])
+    samples = sum({step: n for step, n, _, _ in steps}.values())
     return (samples / elapsed if elapsed > 0 else 0.0), elapsed
+
+
+def stopwatch(records: list[StepRecord]) -> tuple[float, float]:
+    return wall_clock([(r.step, r.samples, r.time, r.elapsed_s) for r in records])
 
 
 def _median_if_known(records: list[StepRecord], key: str, scale: float) -> dict[str, float]:

@@ -32,6 +32,8 @@ class StepRecord:
     # time - step_s - between_s is the previous step's `time`. report_s and checkpoint_s are the parts of it spent
     # reporting and saving after the previous step (an eval's part is that step's eval_s).
     between_s: float = 0.0
+    report_s: float = 0.0
+    checkpoint_s: float = 0.0
     data_wait_s: float
     data_wait_frac: float
     samples_per_s: float
@@ -43,8 +45,6 @@ class StepRecord:
     gpu: dict[str, float] = field(default_factory=dict)   # NVML readings, on GPU only
     eval_loss: float | None = None
     eval_s: float | None = None               # the eval after this step (in the next step's between_s)
-    report_s: float | None = None
-    checkpoint_s: float | None = None
     # The run's running totals up to this step, added by the driver's writer (raydl.telemetry.cost).
     device_hours: float | None = None         # GPU-hours, or CPU core-hours on a CPU run
     cost_usd: float | None = None             # None: no price known for the device

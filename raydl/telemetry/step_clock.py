@@ -63,8 +63,8 @@ class StepClock:
         flops_per_s = samples * self.flops_per_sample / step_s
         record = StepRecord(
             step=step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm, samples=samples, world_size=world_size,
-            time=time.time(), step_s=step_s, between_s=between_s, report_s=spent.get("report"),
-            checkpoint_s=spent.get("checkpoint"), data_wait_s=data_wait_s, data_wait_frac=data_wait_s / step_s,
+            time=time.time(), step_s=step_s, between_s=between_s, report_s=spent.get("report", 0.0),
+            checkpoint_s=spent.get("checkpoint", 0.0), data_wait_s=data_wait_s, data_wait_frac=data_wait_s / step_s,
             samples_per_s=samples / step_s, tokens_per_s=samples * self.units_per_sample / step_s,
             bad_shards=bad_shards, peak_memory_mb=peak_memory_mb(device), gpu=gpu,
             model_tflops_per_s=flops_per_s / 1e12 if flops_per_s else None,

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from raydl.metrics.writer import wall_clock
+
 # Steps averaged for the train loss that is compared with target_loss: one step's loss is noisy.
 LOSS_WINDOW = 10
 COLUMNS = ("trial", "batch", "precision", "lr", "samples_per_s", "peak_memory_mb", "eval_loss",
@@ -114,7 +116,8 @@ def trial_metrics(records: list[dict[str, Any]], final: dict[str, Any] | None, *
         "step": records[-1]["step"] if records else 0,
         "samples": sum(r["samples"] for r in records),
         "loss": statistics.fmean(r["loss"] for r in records[-LOSS_WINDOW:]) if records else None,
-        "samples_per_s": statistics.median(r["samples_per_s"] for r in steady) if records else 0.0,
+        "samples_per_s": wall_clock([(r["step"], r["samples"], r["time"], r["step_s"] + r.get("between_s", 0.0))
+                                     for r in steady])[0],   # as a stopwatch sees it
         "peak_memory_mb": max((r["peak_memory_mb"] for r in records), default=0.0),
         "train_s": train_seconds(records)[-1] if records else 0.0,
         "eval_loss": eval_info.get("loss", evals[-1] if evals else None),

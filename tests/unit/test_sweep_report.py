@@ -13,7 +13,7 @@ from raydl.tune import report
 
 def records(losses, *, step_s=0.5, batch=64, start=1, **extra):
     return [{"step": start + i, "loss": loss, "samples": batch, "step_s": step_s, "samples_per_s": batch / step_s,
-             "peak_memory_mb": 100.0 + i, **extra} for i, loss in enumerate(losses)]
+             "time": 1e9 + (start + i) * step_s, "peak_memory_mb": 100.0 + i, **extra} for i, loss in enumerate(losses)]
 
 
 def test_stitch_drops_the_steps_a_resumed_attempt_redoes():
