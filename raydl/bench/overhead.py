@@ -55,7 +55,7 @@ def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, flo
     model.to(device)
     optimizer = build_optimizer(model.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, device)
-    gb, rates = cfg.train.global_batch_size, []
+    gb, rates, ends = cfg.train.global_batch_size, [], []
     for step in range(cfg.train.max_steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
@@ -71,12 +71,16 @@ def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, flo
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
         loss.detach().item()   # the same sync point raydl's step has
-        rates.append(gb / (time.perf_counter() - t0))
+        ends.append(time.perf_counter())
+        rates.append(gb / (ends[-1] - t0))
     row_tokens = inputs.shape[1]
+    start = max(1, len(ends) // 5)   # the steady steps of steady(), over their elapsed time
+    wall = gb * (len(ends) - start) / (ends[-1] - ends[start - 1])
     del model, optimizer, inputs, labels
     if device.type == "cuda":
         torch.cuda.empty_cache()   # raydl's side runs next, in another process on the same GPU
-    return {"samples_per_s": steady(rates), "tokens_per_s": steady(rates) * row_tokens}
+    return {"samples_per_s": steady(rates), "tokens_per_s": steady(rates) * row_tokens,
+            "tokens_per_s_wall": wall * row_tokens}
 
 
 def plain_model(chosen, meta: dict[str, Any]):
