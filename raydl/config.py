@@ -136,7 +136,8 @@ class ScalingSection:
 
 @dataclass(kw_only=True)
 class TelemetrySection:
-    report_every: int = _f(10, "Report metrics to Ray (and metrics.jsonl) every N steps; Ray caps report rate at ~1 per poll.")
+    report_every: int = _f(10, "Every N steps: send the steps' records to metrics.jsonl and the progress line, and "
+                                 "check for a diverged loss, a stop request and a preemption notice (one all-reduce).")
     progress: bool = _f(True, "Print a progress line on rank 0.")
     nvml: bool = _f(True, "Read GPU utilisation, memory, power and temperature through NVML when on GPU.")
     tensorboard: bool = _f(False, "Also write every metric of metrics.jsonl, restarts and layouts as TensorBoard "

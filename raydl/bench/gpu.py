@@ -5,8 +5,8 @@ Both sides train the same GPT (default the gpt2 preset: GPT-2 124M's body, with 
 kernels) on the same parquet dataset, with AdamW and the same batch. raydl runs as
 `python -m raydl.worker` in a process of its own: the engine Ray's workers run, here without Ray, as on a GPU
 box that has none. The plain loop is what a user writes by hand, with the whole dataset already on the GPU.
-Per precision it prints the steady-state tokens/s of each side (median of per-step rates, and tokens_per_s_wall:
-the steady steps' tokens over their elapsed wall-clock time), the ratio raydl / plain of the medians of each,
+Per precision it prints the steady-state tokens/s of each side (the steady steps' tokens over their elapsed
+wall-clock time), the ratio raydl / plain of the medians, the same ratio of the median per-step rates,
 raydl's model TFLOP/s and MFU (bf16 dense peak of the datasheet) and the NVML readings raydl recorded.
 
     python -m raydl.bench.gpu --data DATASET --repeats 5             # a GPU box without Ray
@@ -43,19 +43,14 @@ def raydl_worker(sets: list[str], run_dir: str) -> dict[str, Any]:
 
 
 def worker_result(run_dir: Path) -> dict[str, Any]:
-    """A finished run's throughput (summary's, and wall-clock over the steady steps of metrics.jsonl), MFU, peak
-    memory and median NVML readings. metrics.jsonl has a record per step, with the readings as top-level keys."""
+    """A finished run's wall-clock throughput, median step rate, MFU, peak memory (its summary) and median NVML
+    readings. metrics.jsonl has a record per step, with the readings as top-level keys."""
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     readings = {f"nvml_{key}": statistics.median(r[key] for r in records if key in r)
                 for key in GPU_KEYS if any(key in r for r in records)}
-    steps = [r for r in records if "step" in r and "time" in r]
-    start = max(1, len(steps) // 5)   # the steady steps of plain_loop's median: after the first fifth
-    window = steps[start:]
-    wall = sum(r["samples"] for r in window) / (window[-1]["time"] - steps[start - 1]["time"])
-    row_tokens = summary["tokens_per_s"] / summary["samples_per_s"]
     return {"tokens_per_s": summary["tokens_per_s"], "samples_per_s": summary["samples_per_s"],
-            "tokens_per_s_wall": wall * row_tokens,
+            "step_rate": summary["step_rate"],
             "model_tflops_per_s": summary.get("model_tflops_per_s"), "mfu": summary.get("mfu"),
             "peak_memory_mb": summary["peak_memory_mb"], **readings}
 
@@ -80,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precisions.split(","):
         sets = ["model.name=gpt", f"model.size={args.size}", f"model.options.vocab={args.vocab}", f"data.path={args.data}",
                 f"train.global_batch_size={args.batch}", f"train.micro_batch_size={args.batch}",
-                f"train.max_steps={args.steps}", f"train.precision={precision}", "telemetry.report_every=5",
-                "telemetry.progress=false", f"checkpoint.every_steps={args.steps}", "train.eval_batches=1",
+                f"train.max_steps={args.steps}", f"train.precision={precision}",
+                "telemetry.progress=false", "train.eval_batches=1",
                 *args.overrides]
         runs = harness.alternate(
             {"plain": lambda: plain_loop(load_config(None, sets), torch.device("cuda")),
@@ -96,12 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         nvml = {key[5:]: value["median"] for key, value in stats["raydl"].items() if key.startswith("nvml_")}
         if nvml:
             print(f"{precision} raydl NVML medians: " + ", ".join(f"{k} {v:.4g}" for k, v in nvml.items()))
-        wall_ratio = harness.ratio_of_medians([r["tokens_per_s_wall"] for r in runs["raydl"]],
-                                              [r["tokens_per_s_wall"] for r in runs["plain"]])
-        print(f"{precision}: ratio of medians raydl / plain {ratio:.3f}, wall-clock {wall_ratio:.3f} "
-              f"(goal >= {GOAL})", flush=True)
-        results[precision] = {"sides": stats, "ratio_raydl_over_plain": ratio,
-                              "ratio_wall_raydl_over_plain": wall_ratio}
+        step_ratio = harness.ratio_of_medians([r["step_rate"] for r in runs["raydl"]],
+                                              [r["step_rate"] for r in runs["plain"]])
+        print(f"{precision}: wall-clock ratio of medians raydl / plain {ratio:.3f} (goal >= {GOAL}); "
+              f"of the median step rates {step_ratio:.3f}", flush=True)
+        results[precision] = {"sides": stats, "ratio_raydl_over_plain": ratio, "step_rate_ratio": step_ratio}
     session.write(size=args.size, vocab=args.vocab, batch=args.batch, steps=args.steps, overrides=args.overrides,
                   precisions=results, goal_ratio=GOAL)
     return 0

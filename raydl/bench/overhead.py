@@ -2,9 +2,10 @@
 
 Same model (--model: raydl's tiny GPT, or a tiny Hugging Face Llama that the plain loop calls as
 transformers' own model and raydl trains as its blocks), same built-in data, same optimizer and
-step count. Prints the steady-state samples/s of each (median over the steps after the first fifth), the ratio
-raydl / plain of the medians over --repeats alternating runs (goal >= 0.97) and raydl's
-time from `run_training` to its first finished step.
+step count and config (its default report interval and checkpoints included). Prints the steady-state samples/s
+of each as a stopwatch sees it (the samples of the steps after the first fifth over their elapsed wall time), the
+ratio raydl / plain of the medians over --repeats alternating runs (goal >= 0.97), each side's median per-step
+rate beside it (step_rate), and raydl's time from `run_training` to its first finished step.
 
     raydl bench overhead --steps 300 --repeats 5
     raydl bench overhead --model hf-llama-tiny --repeats 5
@@ -74,13 +75,12 @@ def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, flo
         ends.append(time.perf_counter())
         rates.append(gb / (ends[-1] - t0))
     row_tokens = inputs.shape[1]
-    start = max(1, len(ends) // 5)   # the steady steps of steady(), over their elapsed time
+    start = max(1, len(ends) // 5)   # the steady steps, as raydl's summary counts them, over their elapsed time
     wall = gb * (len(ends) - start) / (ends[-1] - ends[start - 1])
     del model, optimizer, inputs, labels
     if device.type == "cuda":
         torch.cuda.empty_cache()   # raydl's side runs next, in another process on the same GPU
-    return {"samples_per_s": steady(rates), "tokens_per_s": steady(rates) * row_tokens,
-            "tokens_per_s_wall": wall * row_tokens}
+    return {"samples_per_s": wall, "tokens_per_s": wall * row_tokens, "step_rate": steady(rates)}
 
 
 def plain_model(chosen, meta: dict[str, Any]):
@@ -101,7 +101,8 @@ def raydl_run(cfg) -> dict[str, float]:
     t0 = time.time()
     summary = run_training(cfg)
     first = json.loads((Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
-    return {"samples_per_s": summary["samples_per_s"], "time_to_first_step_s": first["time"] - t0}
+    return {"samples_per_s": summary["samples_per_s"], "step_rate": summary["step_rate"],
+            "time_to_first_step_s": first["time"] - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     sets = MODELS[args.model] + [
             f"train.max_steps={args.steps}", "train.global_batch_size=64", "train.micro_batch_size=64",
-            "scaling.min_workers=1", "scaling.max_workers=1", "telemetry.progress=false",
-            f"checkpoint.every_steps={args.steps}", "telemetry.report_every=50", *args.overrides]
+            "scaling.min_workers=1", "scaling.max_workers=1", "telemetry.progress=false", *args.overrides]
 
     def raydl_side() -> dict[str, float]:   # each run in a new directory: a new run, never a resume
         return raydl_run(load_config(None, sets + [f"run.dir={tempfile.mkdtemp(dir=runs_dir)}"]))

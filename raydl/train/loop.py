@@ -157,6 +157,7 @@ def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
                       precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
     w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                   step=state.step, final=final))
+    w.gpu.close()
     w.session.close()
     return dataclasses.asdict(final)
 

@@ -138,9 +138,12 @@ class RaySession:
         return candidate
 
     def report(self, report: WorkerReport) -> None:
+        """Records to the sink. Through Ray Train too for a sweep trial, and at a worker group's first report:
+        Train's guard actors start there (raydl.driver.late_start), which a run that checkpoints every 100 steps
+        would otherwise leave unguarded until its first checkpoint."""
         self._send(report)
-        if self.tune_reports:
-            self._train.report(report.to_dict())
+        if self.tune_reports or report.group_start:
+            self._train.report(report.to_dict() if self.tune_reports else {"step": report.step})
 
     def _send(self, report: WorkerReport) -> None:
         """Rank 0's records to the sink, not waited for; the run's final report is, so summary.json is

@@ -49,9 +49,9 @@ pytestmark = pytest.mark.slow
 RESUME_TOLERANCE, FINAL_BAND = 1e-4, 0.3
 GB, STEPS, EVERY = 64, 120, 5      # 2 epochs of 60 steps
 # Growth and drain must happen while the run trains: a new node is seen within ~20 s (Ray's autoscaling
-# coordinator ticks every 20 s, not configurable), a drain notice within ~5 s. 300 steps last long enough
-# even when the machine is idle (0.1 s/step at 1 worker).
-LONG = ("train.max_steps=300", "checkpoint.every_steps=10")
+# coordinator ticks every 20 s, not configurable), a drain notice within ~5 s. 600 steps last long enough
+# even when the machine is idle (~0.05 s/step at 1 worker since reports stopped stalling the next step).
+LONG = ("train.max_steps=600", "checkpoint.every_steps=10")
 
 
 def base(data_cache: Path) -> list[str]:
