@@ -97,6 +97,10 @@ class WorkerReport:
         out["records"] = [r.to_dict() for r in self.records]
         return out
 
+    def registered_metrics(self) -> dict[str, Any]:
+        """What Ray Train keeps with a checkpoint (its Result.metrics; the records themselves go to the sink)."""
+        return {"step": self.step, "preempted": self.preempted}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WorkerReport":
         final = data.get("final")

@@ -121,7 +121,7 @@ class RaySession:
         d = tempfile.mkdtemp(prefix="raydl-ckpt-")
         try:
             save_fn(d)
-            self._train.report(report.to_dict() if self.tune_reports else {"step": step},
+            self._train.report(report.to_dict() if self.tune_reports else report.registered_metrics(),
                                checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name=self._unused_name(step))
         finally:
             shutil.rmtree(d, ignore_errors=True)
@@ -143,7 +143,7 @@ class RaySession:
         would otherwise leave unguarded until its first checkpoint."""
         self._send(report)
         if self.tune_reports or report.group_start:
-            self._train.report(report.to_dict() if self.tune_reports else {"step": report.step})
+            self._train.report(report.to_dict() if self.tune_reports else report.registered_metrics())
 
     def _send(self, report: WorkerReport) -> None:
         """Rank 0's records to the sink, not waited for; the run's final report is, so summary.json is
