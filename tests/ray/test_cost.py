@@ -31,14 +31,14 @@ def test_summary_cost_is_the_records_priced_from_the_table(ray_session, data_cac
             "telemetry.report_every=5", "checkpoint.every_steps=10", "data.builtin_samples=4096",
             "train.eval_batches=2", "telemetry.progress=false", f"scaling.cpus_per_worker={CPUS_PER_WORKER}",
             "scaling.min_workers=1", "scaling.max_workers=2", f"debug.ledger_dir={tmp_path / 'ledger'}",
-            "debug.fail_at_step=15"]
+            "debug.fail_at_step=15", "cost.instance_type=m5.2xlarge"]   # a CPU run is priced on a named machine
     (tmp_path / "ledger").mkdir()
     summary = run_training(load_config(None, sets))
     lines = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
 
     assert summary["steps"] == 30 and len(summary["restarts"]) == 1, summary["restarts"]
     table = yaml.safe_load(TABLE_PATH.read_text())
-    machine = table["machines"][table["cpu_core"]]
+    machine = table["machines"]["m5.2xlarge"]
     hours = core_seconds(lines, summary["restarts"][0]) / 3600
     assert summary["device_hours"] == pytest.approx(hours, rel=1e-9)
     assert summary["cost_usd"] == pytest.approx(hours * machine["on_demand"] / machine["vcpus"], rel=1e-9)
