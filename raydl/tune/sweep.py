@@ -194,17 +194,22 @@ def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
 
 
 def prepare_data(spec: SweepSpec, model=None) -> None:
-    """Check (and for 'builtin', generate once) every dataset the trials use, before any trial starts."""
+    """Check every probed trial's model options, and check (for 'builtin', generate once) every dataset the trials
+    use, before any trial starts."""
     from raydl.models.choice import choose_model
-    from raydl.tune.space import probe_points
+    from raydl.tune.space import probe_points, trial_errors
 
+    configs = [(params, trial_config(spec, params)) for params in probe_points(spec)]
+    choices = []
+    for params, cfg in configs:   # every trial's options first (a searched model.options entry), then the data
+        with trial_errors(f"trial {params}"):
+            choices.append(choose_model(cfg.model, model))
     seen = set()
-    for params in probe_points(spec):
-        cfg = trial_config(spec, params)
+    for (_, cfg), choice in zip(configs, choices):
         key = (cfg.model.name, json.dumps(cfg.data.__dict__, sort_keys=True, default=str), cfg.train.seed)
         if key not in seen:
             seen.add(key)
-            choose_model(cfg.model, model).open_dataset(cfg)
+            choice.open_dataset(cfg)
 
 
 def new_sweep_dir(spec: SweepSpec) -> Path:
