@@ -39,6 +39,7 @@ from raydl.metrics import tensorboard
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
+from raydl.telemetry.cost import CPU, Pricing
 from raydl.telemetry.records import WorkerReport
 from raydl.tune import report
 from raydl.tune.space import (SweepSpec, parse_sweep, trains_in_trial, trial_config, trial_cpus_gpus,
@@ -212,6 +213,18 @@ def prepare_data(spec: SweepSpec, model=None) -> None:
             choice.open_dataset(cfg)
 
 
+def require_price(spec: SweepSpec, *, gpu: bool) -> None:
+    """The cost_to_target objective needs $: a CPU run has a price only where the base config gives one (whether
+    trials run on GPUs is known once Ray is up, still before any trial starts)."""
+    if spec.objective != "cost_to_target" or gpu:
+        return
+    rate = Pricing.for_config(spec.base_config()).rate(CPU)
+    if rate.usd_per_unit_hour is None:
+        raise ConfigError("objective", f"is cost_to_target, but the trials run on CPUs with no price ({rate.priced_as})",
+                          "set base cost.prices.cpu_core: <$ per core-hour> or cost.instance_type: <machine>, or "
+                          "use objective: time_to_target")
+
+
 def new_sweep_dir(spec: SweepSpec) -> Path:
     base = spec.base_config()
     sweep_dir = (Path(base.run.runs_dir) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -256,6 +269,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     connect(address, ray_env(spec.base_config()))
     import ray
 
+    require_price(spec, gpu=use_gpu(spec.base_config()))
     concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
     sweep_dir = new_sweep_dir(spec)
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))

@@ -9,6 +9,7 @@ import pytest
 from raydl.errors import ConfigError
 from raydl.tune import report
 from raydl.tune.space import parse_sweep
+from raydl.tune.sweep import require_price
 
 
 def attempt(losses: list[float], *, start: int, usd_per_step: float) -> list[dict]:
@@ -66,3 +67,14 @@ def test_the_cost_columns_and_the_cost_to_target_objective(tmp_path):
 def test_cost_to_target_needs_a_target_loss():
     with pytest.raises(ConfigError, match="target_loss.*missing; the cost_to_target objective needs it"):
         parse_sweep({"space": {"train.global_batch_size": [32]}, "objective": "cost_to_target"})
+
+
+def test_cost_to_target_on_cpus_needs_a_price():
+    unpriced = parse_sweep({"space": {"train.global_batch_size": [32]}, "objective": "cost_to_target", "target_loss": 1.5})
+    with pytest.raises(ConfigError, match=r"'objective' is cost_to_target, but the trials run on CPUs with no price "
+                                          r"\(no price: .*cost.prices.cpu_core"):
+        require_price(unpriced, gpu=False)
+    require_price(unpriced, gpu=True)   # GPUs are priced by their name
+    priced = parse_sweep({"space": {"train.global_batch_size": [32]}, "objective": "cost_to_target", "target_loss": 1.5,
+                          "base": {"cost": {"prices": {"cpu_core": 0.05}}}})
+    require_price(priced, gpu=False)
