@@ -26,8 +26,7 @@ def _plan_row(p: Prediction, plan: ClusterPlan) -> tuple[str, ...]:
     mark = ("c" if p is plan.cheapest else "") + ("f" if p is plan.fastest else "")
     return (mark, t.name, t.machine, "yes" if t.spot else "no", str(p.nodes), str(p.workers), search.describe(c),
             p.dp_wrapper, f"{1e3 * p.step_s:.1f}", f"{1e3 * p.optimizer_s:.1f}", f"{1e3 * p.comm_s:.1f}",
-            f"{p.wall_s / 3600:.2f}",
-            format_usd(p.usd))
+            f"{p.wall_s / 3600:.2f}", format_usd(p.usd))
 
 
 def _verdict(label: str, p: Prediction | None) -> str:

@@ -382,5 +382,4 @@ def last_line(path: Path) -> dict[str, Any] | None:
 
 
 __all__ = ["PriceTable", "Pricing", "Rate", "CostMeter", "Node", "Machine", "Accelerator", "format_usd", "format_hours",
-           "last_line",
-           "TABLE_PATH", "CPU"]
+           "last_line", "TABLE_PATH", "CPU"]
