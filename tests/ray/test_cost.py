@@ -16,12 +16,18 @@ from raydl.telemetry.cost import TABLE_PATH
 CPUS_PER_WORKER = 2
 
 
+def elapsed(line: dict) -> float:
+    """A step's own time and the time before it (eval, report, checkpoint): what the meter charges."""
+    return line["between_s"] + line["step_s"]
+
+
 def core_seconds(lines: list[dict], restart: dict) -> float:
-    """Each step at its world size x cores per worker x step_s; the restart's gap at the smaller world size."""
-    seconds = sum(line["step_s"] * line["world_size"] for line in lines)
+    """Each step at its world size x cores per worker x its elapsed time; the restart's gap at the smaller world
+    size."""
+    seconds = sum(elapsed(line) * line["world_size"] for line in lines)
     after = next(i for i, line in enumerate(lines) if line["step"] == restart["resumed_at_step"] + 1 and i)
     before, first = lines[after - 1], lines[after]
-    gap = first["time"] - first["step_s"] - before["time"]
+    gap = first["time"] - elapsed(first) - before["time"]
     return CPUS_PER_WORKER * (seconds + gap * min(before["world_size"], first["world_size"]))
 
 
