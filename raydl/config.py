@@ -172,7 +172,8 @@ class CostSection:
     instance_type: str = _f("", "Machine the workers run on, a machine of cluster/prices.yaml (g5.2xlarge, "
                             "g2-standard-8, n1-standard-8+nvidia-tesla-t4): its price per hour is split over its GPUs, "
                             "or its vCPUs on a CPU run. Empty: a GPU run is priced by the GPU the workers report (its "
-                            "cheapest listed machine per GPU), a CPU run per core-hour (cpu_core of the table).")
+                            "cheapest listed machine per GPU); a CPU run only at cost.prices.cpu_core, else it shows "
+                            "core-hours and no $.")
     spot: bool = _f(False, "Price at the table's spot price instead of on-demand (spot prices move; the table's are "
                     "typical levels, to be checked).")
     prices: dict[str, float] = _f({}, "$ per hour replacing the table's: a machine (per instance-hour), a GPU by any "

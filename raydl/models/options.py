@@ -4,7 +4,8 @@ When `ModelSpec.options` is a dataclass, each key of `model.options` must be one
 is converted to the field's type (`--set model.options.layers=4` gives an int); an unknown key or
 a wrong type is a ConfigError naming `model.options.KEY`. Without one, the mapping goes to `build`
 as it is. `model.size` and `model.dropout` fill the options fields of those names, so a preset and
-the dropout are set in one place whatever the model.
+the dropout are set in one place whatever the model. An options class with a `resolve_names(given) -> given`
+classmethod turns the names users write into its fields first (HfOptions: aliases, transformers' names).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def build_options(spec: ModelSpec, section: ModelSection) -> Any:
     if spec.options is None:
         _refuse_unused_shared(spec, section, takes=())
         return given
+    resolve_names = getattr(spec.options, "resolve_names", None)
+    if resolve_names:   # an options class that takes other names for its fields (hf: transformers' and raydl's)
+        given = resolve_names(given)
     fields = {f.name: f for f in dataclasses.fields(spec.options) if f.init}
     hints = typing.get_type_hints(spec.options)
     values = {key: _option_value(spec, fields, hints, key, value) for key, value in given.items()}

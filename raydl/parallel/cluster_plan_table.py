@@ -9,7 +9,7 @@ from raydl.telemetry.cost import format_usd
 
 def format_plan(plan: ClusterPlan, *, steps: int, deadline_s: float | None, budget_usd: float | None) -> str:
     header = ("", "node type", "machine", "spot", "nodes", "workers", "layout", "wrapper", "step ms", "optim ms",
-              "dp comm ms", "wall h", "$")
+              "dp comm ms", "wall h", "cost")
     rows = [header] + [_plan_row(p, plan) for p in plan.predictions]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -26,8 +26,7 @@ def _plan_row(p: Prediction, plan: ClusterPlan) -> tuple[str, ...]:
     mark = ("c" if p is plan.cheapest else "") + ("f" if p is plan.fastest else "")
     return (mark, t.name, t.machine, "yes" if t.spot else "no", str(p.nodes), str(p.workers), search.describe(c),
             p.dp_wrapper, f"{1e3 * p.step_s:.1f}", f"{1e3 * p.optimizer_s:.1f}", f"{1e3 * p.comm_s:.1f}",
-            f"{p.wall_s / 3600:.2f}",
-            "-" if p.usd is None else f"{p.usd:.2f}")
+            f"{p.wall_s / 3600:.2f}", format_usd(p.usd))
 
 
 def _verdict(label: str, p: Prediction | None) -> str:

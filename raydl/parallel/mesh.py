@@ -18,9 +18,9 @@ from raydl.errors import LayoutError
 from raydl.parallel import constraints, search
 from raydl.parallel.cost_model import Candidate
 from raydl.parallel.profile import ModelProfile
-from raydl.parallel.wrapper_policy import choose_dp_wrapper
+from raydl.parallel.wrapper_policy import WRAPPER_NAMES, choose_dp_wrapper
 
-__all__ = ["Layout", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
+__all__ = ["Layout", "describe", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,27 @@ class Layout:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def describe(layout: Layout, *, start_step: int, num_params: int) -> str:
+    """The layout as one sentence for the console, e.g. "2 workers: data-parallel × 2 (DDP: ...), micro-batch 32,
+    no pipeline, from step 0, 0.80M params"."""
+    axes = []
+    if layout.dp > 1:
+        name = WRAPPER_NAMES.get(layout.dp_wrapper, layout.dp_wrapper)
+        axes.append(f"data-parallel × {layout.dp} ({name}: {layout.dp_wrapper_reason})")
+    if layout.pp > 1:
+        cuts = f", later stages start at blocks {', '.join(map(str, layout.stage_cuts))}" if layout.stage_cuts else ""
+        axes.append(f"pipeline × {layout.pp} (schedule {layout.schedule}, {layout.num_microbatches} micro-batches "
+                    f"of {layout.micro_batch}{cuts})")
+    parts = [" × ".join(axes) or "no data parallelism"]
+    if layout.pp == 1:
+        m = layout.num_microbatches
+        batch = (f"{m} micro-batches of {layout.micro_batch} accumulated per step" if m > 1 else
+                 f"micro-batch {layout.micro_batch}")
+        parts += [batch, "no pipeline"]
+    workers = f"{layout.world_size} worker{'s' if layout.world_size != 1 else ''}"
+    return f"{workers}: {', '.join(parts)}, from step {start_step}, {num_params / 1e6:.2f}M params"
 
 
 def _elastic(cfg: JobConfig) -> bool:

@@ -15,11 +15,16 @@ from __future__ import annotations
 # slack and the framework need the rest.
 FIT_SHARE = 0.5
 _MIB = 2**20
+# What each wrapper is called where people read it (the layout line).
+WRAPPER_NAMES = {"ddp": "DDP", "replicate": "FSDP2 replicate", "fsdp": "FSDP2 fully_shard"}
 
 
 def choose_dp_wrapper(requested: str, *, dp: int, pp: int, param_bytes: int, memory_bytes: int,
                       optimizer_bytes_per_param_byte: float = 2.0) -> tuple[str, str]:
-    """(wrapper, why) for one worker group: "none" without data parallelism, else ddp, replicate or fsdp."""
+    """(wrapper, why) for one worker group: "none" without data parallelism, else ddp, replicate or fsdp.
+
+    `why` is a phrase for people that goes after the wrapper's name ("DDP: params + grads + ... fit in ...").
+    """
     if dp == 1:
         return "none", "one data-parallel replica: no wrapper"
     if requested != "auto":
@@ -29,11 +34,10 @@ def choose_dp_wrapper(requested: str, *, dp: int, pp: int, param_bytes: int, mem
         fits, sizes = True, "model or device size unknown, taken to fit"
     else:
         fits = per_rank <= FIT_SHARE * memory_bytes
-        relation = "<=" if fits else ">"
-        sizes = (f"params + grads + optimizer states {per_rank / _MIB:,.0f} MiB per rank {relation} "
-                 f"{FIT_SHARE:.0%} of {memory_bytes / _MIB:,.0f} MiB per device")
+        sizes = (f"params + grads + optimizer states {per_rank / _MIB:,.0f} MiB per rank "
+                 f"{'fit in' if fits else 'exceed'} {FIT_SHARE:.0%} of {memory_bytes / _MIB:,.0f} MiB per device")
     if not fits:
-        return "fsdp", f"{sizes}: sharded (FSDP2 fully_shard)"
+        return "fsdp", sizes
     if pp == 1:
-        return "ddp", f"{sizes}: unsharded, one all-reduce per step (DDP)"
-    return "replicate", f"{sizes}: unsharded (FSDP2 replicate; classic DDP is wrong with pipeline schedules)"
+        return "ddp", sizes
+    return "replicate", f"{sizes}; classic DDP is wrong with pipeline schedules"

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from raydl.report.source import RunCurves
+from raydl.telemetry.cost import format_usd
 
 # (header with its unit, summary.json key (dotted: nested), scale to the unit, also in a sweep's one-line rows)
 COLUMNS = (
@@ -18,9 +19,10 @@ COLUMNS = (
     ("model TFLOP/s", "model_tflops_per_s", 1, False), ("MFU %", "mfu", 100, True),
     ("peak memory MB", "peak_memory_mb", 1, True), ("workers", "world_sizes", 1, True),
     ("restarts", "restarts", 1, True), ("precision", "precision", 1, False), ("wall s", "wall_s", 1, True),
-    ("device-hours", "device_hours", 1, True), ("cost $", "cost_usd", 1, True),
+    ("device-hours", "device_hours", 1, True), ("cost", "cost_usd", 1, True),
     ("priced as", "pricing.priced_as", 1, False),
 )
+MONEY = {"cost_usd"}   # shown as dollars by format_usd
 NO_VALUE = "-"
 CELL_CHARS = 120
 
@@ -30,7 +32,7 @@ def figures(run: RunCurves) -> dict[str, str]:
     known = dict(run.summary or {})
     if run.records and run.summary is None:   # the summary's own definitions of these three
         known.update(steps=run.records[-1]["step"], first_loss=run.records[0]["loss"], final_loss=run.records[-1]["loss"])
-    cells = {header: cell(lookup(known, key), scale) for header, key, scale, _ in COLUMNS}
+    cells = {header: money_or_cell(lookup(known, key), key, scale) for header, key, scale, _ in COLUMNS}
     cells["note"] = "no steps" if not run.records else "unfinished: no summary.json" if run.summary is None else run.note
     return cells
 
@@ -39,6 +41,10 @@ def lookup(data: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         data = data.get(part) if isinstance(data, dict) else None
     return data
+
+
+def money_or_cell(value: Any, key: str, scale: float) -> str:
+    return format_usd(value) if key in MONEY and isinstance(value, (int, float)) else cell(value, scale)
 
 
 def cell(value: Any, scale: float) -> str:

@@ -14,8 +14,10 @@ Pricing (`Pricing.rate`, per device the workers report)
     cost.instance_type names the machine: its price per hour (cost.prices[name], or the table's on-demand
     or spot price by cost.spot) split over its GPUs, or its vCPUs on a CPU run. Without it a GPU run is
     priced per GPU-hour by the GPU's name: cost.prices[<any name of it>], else its cheapest listed machine
-    per GPU; a CPU run per core-hour: cost.prices.cpu_core, else the table's cpu_core machine / its vCPUs.
-    A GPU the table does not know leaves the $ unknown (None) with the reason; device-hours still count.
+    per GPU; a CPU run per core-hour only at cost.prices.cpu_core: a CPU run on no named machine is taken
+    to be on a machine nobody rents by the hour (a laptop, a workstation), so no price applies to it.
+    Without a price (that, or a GPU the table does not know) the $ is unknown (None) with the reason, and
+    only device-hours are counted and shown.
 """
 
 from __future__ import annotations
@@ -109,7 +111,6 @@ class Node:
 class PriceTable:
     machines: dict[str, Machine]
     accelerators: dict[str, Accelerator]
-    cpu_core: str | None         # the machine whose price per vCPU prices CPU runs
     path: Path
 
     @classmethod
@@ -160,17 +161,14 @@ def _names_match(names: tuple[str, ...], device: str) -> bool:
 @functools.lru_cache(maxsize=8)
 def _load_table(path: Path) -> PriceTable:
     if not path.is_file():
-        return PriceTable({}, {}, None, path)
+        return PriceTable({}, {}, path)
     data = yaml.safe_load(path.read_text()) or {}
     where = str(path)
     accelerators = {name: _accelerator(name, row, f"{where}: accelerators.{name}")
                     for name, row in _mapping(data, "accelerators", where).items()}
     machines = {name: _machine(name, row, f"{where}: machines.{name}")
                 for name, row in _mapping(data, "machines", where).items()}
-    cpu_core = data.get("cpu_core")
-    if cpu_core is not None and cpu_core not in machines:
-        raise ConfigError(f"{where}: cpu_core", f"is {cpu_core!r}, not one of its machines", "name a listed machine")
-    return PriceTable(machines, accelerators, cpu_core, path)
+    return PriceTable(machines, accelerators, path)
 
 
 def _mapping(data: Any, key: str, where: str) -> dict[str, Any]:
@@ -295,11 +293,8 @@ class Pricing:
     def _per_core(self) -> tuple[float | None, str]:
         if "cpu_core" in self.cost.prices:
             return self.cost.prices["cpu_core"], "cost.prices.cpu_core per core-hour"
-        if self.table.cpu_core is None:
-            return None, f"no price: {self.table.path} has no cpu_core machine; set cost.prices.cpu_core"
-        node = self.table.node(self.table.cpu_core, field=f"{self.table.path}: cpu_core")
-        per_node, why = self._node_price(node)
-        return per_node / node.machine.vcpus, f"{why} / {node.machine.vcpus} vCPUs"
+        return None, ("no price: a CPU run is priced only when cost.instance_type names the machine it runs on "
+                      "or cost.prices.cpu_core gives $ per core-hour")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,14 +343,26 @@ class CostMeter:
                 "pricing": self.rate.to_dict() if self.rate else None}
 
     def progress(self) -> str:
+        """'0.0278 core-h $1.00' with a price, '0.0278 core-h' without one."""
         unit = self.rate.unit.split()[-1] if self.rate else "device"
-        return f"{self.device_hours:.3g} {unit}-h {format_usd(self.usd)}"
+        hours = f"{format_hours(self.device_hours)} {unit}-h"
+        return hours if self.usd is None else f"{hours} {format_usd(self.usd)}"
 
 
 def format_usd(usd: float | None) -> str:
+    """Dollars as people write them, in every line and table that shows money: '$12.34', '$0.12', '< $0.01' below
+    a cent (never 2.1e-05), '-' where no price applies (None)."""
     if usd is None:
-        return "$?"
-    return f"${usd:.2f}" if usd >= 1 else f"${usd:.4f}"
+        return "-"
+    return "< $0.01" if 0 < usd < 0.01 else f"${usd:,.2f}"
+
+
+def format_hours(hours: float) -> str:
+    """Three significant digits without exponent notation: '0.000556', '0.0278', '12.3', '1,234'."""
+    if hours <= 0:
+        return "0"
+    decimals = max(0, 2 - math.floor(math.log10(hours)))
+    return f"{hours:,.{decimals}f}"
 
 
 def last_line(path: Path) -> dict[str, Any] | None:
@@ -374,5 +381,5 @@ def last_line(path: Path) -> dict[str, Any] | None:
     return None
 
 
-__all__ = ["PriceTable", "Pricing", "Rate", "CostMeter", "Node", "Machine", "Accelerator", "format_usd", "last_line",
-           "TABLE_PATH", "CPU"]
+__all__ = ["PriceTable", "Pricing", "Rate", "CostMeter", "Node", "Machine", "Accelerator", "format_usd", "format_hours",
+           "last_line", "TABLE_PATH", "CPU"]

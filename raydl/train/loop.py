@@ -31,6 +31,7 @@ from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
 from raydl.overrides import build_config
+from raydl.parallel.mesh import describe
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.profiler import StepProfiler, phase
 from raydl.telemetry import startup
@@ -143,8 +144,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
                       flops_per_sample=chosen.flops_per_sample(info.meta) or 0.0)   # 0 = unknown
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
     if session.rank == 0:
-        log.info(f"world size {session.world_size}: layout {layout.to_dict()}, starting at step {state.step}, "
-                 f"{fingerprint['params'] / 1e6:.2f}M params")
+        log.info(describe(layout, start_step=state.step, num_params=fingerprint["params"]))
     return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
                   total_steps, last_checkpoint_step=state.step, marks=marks), state
 

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from raydl.metrics.writer import wall_clock
+from raydl.telemetry.cost import format_usd
 
 # Steps averaged for the train loss that is compared with target_loss: one step's loss is noisy.
 LOSS_WINDOW = 10
@@ -189,16 +190,18 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], extra_keys: list[str], best: dict[str, Any] | None) -> str:
+    """One line per trial; the cost columns only where a price applied to some trial (a local CPU sweep has none)."""
+    priced = any(r.get("cost_usd") is not None for r in rows)
     head = ["trial", "batch", "precision", *[k.split(".")[-1] for k in extra_keys], "samples/s", "peak MB",
-            "eval loss", "time to target s", "cost $", "$ to target", "start s", "status"]
+            "eval loss", "time to target s", *(["cost", "cost to target"] if priced else []), "start s", "status"]
     body = []
     for r in rows:
         mark = "*" if best is not None and r["trial"] == best["trial"] else " "
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['reason'].split('. Fix:')[0]}"[:90]
+        cost = [format_usd(r.get("cost_usd")), format_usd(r.get("cost_to_target_usd"))] if priced else []
         body.append([mark + r["trial"], _fmt(r["batch"]), r["precision"], *[_fmt(r["params"].get(k)) for k in extra_keys],
                      _fmt(r["samples_per_s"], 4), _fmt(r["peak_memory_mb"], 4), _fmt(r["eval_loss"]),
-                     _fmt(r["time_to_target_s"]), _fmt(r.get("cost_usd")), _fmt(r.get("cost_to_target_usd")),
-                     _fmt(r.get("start_s")), status])
+                     _fmt(r["time_to_target_s"]), *cost, _fmt(r.get("start_s")), status])
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
     median = median_start(rows)["median_start_s"]

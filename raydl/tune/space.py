@@ -6,6 +6,7 @@
       train.global_batch_size: [64, 128, 256]       # a list is a grid: every value is tried
       train.precision: choice([fp32, bf16])         # random pick per sample
       train.lr: loguniform(1e-4, 3e-3)              # uniform(a, b), loguniform(a, b), randint(a, b) (b excluded)
+      model.options.layers: [2, 4]                  # an entry of the model's options (checked against them)
     lr_scaling: sqrt                                # none | linear | sqrt with global batch vs the base's
     objective: time_to_target                       # eval_loss | samples_per_s | time_to_target | cost_to_target
     target_loss: 1.6
@@ -13,10 +14,13 @@
 Everything here is pure and checked before Ray starts: a bad key, a wrong-typed value, an
 empty space or an objective that cannot be computed is a ConfigError (exit code 2). A trial's
 config is `apply_overrides(base, trial) -> build_config`, the same path as `--set` on `raydl train`.
+A `model.options.<field>` key's values are typed and checked by the model's own options, which only the
+model knows: `raydl.tune.sweep.prepare_data` builds every probed trial's options, still before Ray starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -125,14 +129,20 @@ def _dim_to_yaml(d: Dim) -> Any:
 
 
 def _field(path: str):
+    """(type, choices) of a config field; (None, None) for an entry of a mapping field (model.options.layers),
+    whose owner types and checks it."""
     section, _, key = path.partition(".")
     apply_overrides({}, {path: None})            # unknown section/key -> ConfigError with a suggestion
+    if key.count("."):
+        return None, None
     tp = field_type(section, key)
     choices = next(f.metadata.get("choices") for s, f in iter_fields() if s == section and f.name == key)
     return tp, choices
 
 
 def _checked(path: str, value: Any, tp, choices) -> Any:
+    if tp is None:
+        return value
     value = coerce(f"space.{path}", value, tp)
     if choices and value not in choices:
         raise ConfigError(f"space.{path}", f"has {value!r}, not one of {', '.join(choices)}",
@@ -142,8 +152,9 @@ def _checked(path: str, value: Any, tp, choices) -> Any:
 
 def parse_dim(path: str, raw: Any) -> Dim:
     """One `space:` entry -> Dim; every value is converted to the field's type now, not in a trial."""
-    if not isinstance(path, str) or path.count(".") != 1:
-        raise ConfigError(f"space.{path}", "is not a dotted config key", "write keys as section.key, e.g. train.lr")
+    if not isinstance(path, str) or path.count(".") not in (1, 2):
+        raise ConfigError(f"space.{path}", "is not a dotted config key", "write keys as section.key, e.g. train.lr, "
+                          "or section.key.entry for an entry of a mapping, e.g. model.options.layers")
     tp, choices = _field(path)
     if isinstance(raw, list):
         if not raw:
@@ -170,7 +181,7 @@ def parse_dim(path: str, raw: Any) -> Dim:
 
 def _range_dim(path: str, kind: str, raw: str, args, tp) -> Dim:
     want = int if kind == "randint" else float
-    if tp is not want:
+    if tp is not None and tp is not want:
         raise ConfigError(f"space.{path}", f"is a field of type {getattr(tp, '__name__', tp)}, so {kind}(...) "
                           f"does not fit it", "use randint(a, b) for integers, uniform/loguniform(a, b) for floats, "
                           "a list or choice([...]) for anything")
@@ -316,10 +327,18 @@ def trial_tree(spec: SweepSpec, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def trial_config(spec: SweepSpec, params: dict[str, Any], *, where: str = "trial") -> JobConfig:
-    try:
+    with trial_errors(where):
         return build_config(trial_tree(spec, params))
+
+
+@contextlib.contextmanager
+def trial_errors(where: str):
+    """A ConfigError about one trial's config says which trial, and that the space or the base is to change."""
+    try:
+        yield
     except ConfigError as e:
-        raise ConfigError(e.path, f"is invalid in {where}: {e}", "change the space or the base config") from None
+        raise ConfigError(e.path, f"is invalid in {where}: {e.path} {e.problem}",
+                          f"{e.fix}; or change the space or the base config") from None
 
 
 def trains_in_trial(cfg: JobConfig) -> bool:

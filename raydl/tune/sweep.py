@@ -39,6 +39,7 @@ from raydl.metrics import tensorboard
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
+from raydl.telemetry.cost import CPU, Pricing
 from raydl.telemetry.records import WorkerReport
 from raydl.tune import report
 from raydl.tune.space import (SweepSpec, parse_sweep, trains_in_trial, trial_config, trial_cpus_gpus,
@@ -194,17 +195,34 @@ def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
 
 
 def prepare_data(spec: SweepSpec, model=None) -> None:
-    """Check (and for 'builtin', generate once) every dataset the trials use, before any trial starts."""
+    """Check every probed trial's model options, and check (for 'builtin', generate once) every dataset the trials
+    use, before any trial starts."""
     from raydl.models.choice import choose_model
-    from raydl.tune.space import probe_points
+    from raydl.tune.space import probe_points, trial_errors
 
+    configs = [(params, trial_config(spec, params)) for params in probe_points(spec)]
+    choices = []
+    for params, cfg in configs:   # every trial's options first (a searched model.options entry), then the data
+        with trial_errors(f"trial {params}"):
+            choices.append(choose_model(cfg.model, model))
     seen = set()
-    for params in probe_points(spec):
-        cfg = trial_config(spec, params)
+    for (_, cfg), choice in zip(configs, choices):
         key = (cfg.model.name, json.dumps(cfg.data.__dict__, sort_keys=True, default=str), cfg.train.seed)
         if key not in seen:
             seen.add(key)
-            choose_model(cfg.model, model).open_dataset(cfg)
+            choice.open_dataset(cfg)
+
+
+def require_price(spec: SweepSpec, *, gpu: bool) -> None:
+    """The cost_to_target objective needs $: a CPU run has a price only where the base config gives one (whether
+    trials run on GPUs is known once Ray is up, still before any trial starts)."""
+    if spec.objective != "cost_to_target" or gpu:
+        return
+    rate = Pricing.for_config(spec.base_config()).rate(CPU)
+    if rate.usd_per_unit_hour is None:
+        raise ConfigError("objective", f"is cost_to_target, but the trials run on CPUs with no price ({rate.priced_as})",
+                          "set base cost.prices.cpu_core: <$ per core-hour> or cost.instance_type: <machine>, or "
+                          "use objective: time_to_target")
 
 
 def new_sweep_dir(spec: SweepSpec) -> Path:
@@ -251,6 +269,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     connect(address, ray_env(spec.base_config()))
     import ray
 
+    require_price(spec, gpu=use_gpu(spec.base_config()))
     concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
     sweep_dir = new_sweep_dir(spec)
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))

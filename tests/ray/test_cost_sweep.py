@@ -31,4 +31,4 @@ def test_cost_to_target_sweep_prices_every_trial(ray_session, data_cache, tmp_pa
         assert 0 < r["cost_to_target_usd"] <= r["cost_usd"]
     best = min(rows, key=lambda r: r["cost_to_target_usd"])
     assert summary["best"] == best["trial"] and summary["metric"] == "cost_to_target_usd"
-    assert "$ to target" in summary["table"]
+    assert "cost to target" in summary["table"] and "$" in summary["table"]

@@ -13,7 +13,7 @@ from raydl.metrics.writer import MetricsWriter
 from raydl.driver.prepare import prepare_run
 from raydl.errors import ConfigError
 from raydl.overrides import dump_yaml, load_config
-from raydl.telemetry.cost import TABLE_PATH, Pricing
+from raydl.telemetry.cost import TABLE_PATH, Pricing, format_hours, format_usd
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
 TABLE = yaml.safe_load(TABLE_PATH.read_text())
@@ -50,7 +50,8 @@ def lines(run_dir: Path) -> list[dict]:
 
 
 def test_a_resize_from_2_to_1_workers_costs_each_step_at_its_own_size_and_the_gap_at_the_smaller(tmp_path):
-    run_dir = run_dir_with(tmp_path, ["scaling.cpus_per_worker=2", "scaling.min_workers=1"])
+    run_dir = run_dir_with(tmp_path, ["scaling.cpus_per_worker=2", "scaling.min_workers=1",
+                                      "cost.instance_type=m5.2xlarge"])
     two = group(1, 10, 2, START, 0.5)                       # 10 steps at 2 workers, ends at START + 5
     one = group(8, 20, 1, START + 5 + 30, 0.8)              # restart 30 s later at step 8: steps 8-10 redone
     writer = MetricsWriter(run_dir, progress=False)
@@ -58,7 +59,7 @@ def test_a_resize_from_2_to_1_workers_costs_each_step_at_its_own_size_and_the_ga
     writer.write(report(two[5:], group_start=False), world_size=2)
     writer.write(report(one, group_start=True, final=True), world_size=1)
 
-    m5 = MACHINES[TABLE["cpu_core"]]
+    m5 = MACHINES["m5.2xlarge"]
     per_core_hour = m5["on_demand"] / m5["vcpus"]
     core_seconds = 10 * 0.5 * 2 * 2 + 30 * 1 * 2 + 13 * 0.8 * 1 * 2   # steps x step_s x workers x cores, + gap
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -118,6 +119,31 @@ def test_the_progress_line_shows_device_hours_and_dollars(tmp_path, capsys):
     assert "0.0278 core-h $1.00" in capsys.readouterr().err    # 100 core-seconds at $36 per core-hour
 
 
+def test_a_local_cpu_run_shows_core_hours_and_no_price(tmp_path, capsys):
+    run_dir = run_dir_with(tmp_path, ["scaling.min_workers=1", "scaling.max_workers=1"])
+    MetricsWriter(run_dir, progress=True).write(report(group(1, 2, 1, START, 0.1), group_start=True, final=True),
+                                                world_size=1)
+    err = capsys.readouterr().err
+    assert " 0.0000556 core-h" in err and "$" not in err            # 0.2 core-seconds, never 5.56e-05
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["cost_usd"] is None and summary["device_hours"] == pytest.approx(0.2 / 3600)
+    assert "cost.prices.cpu_core" in summary["pricing"]["priced_as"]
+
+
+@pytest.mark.parametrize("usd, shown", [
+    (None, "-"), (0.0, "$0.00"), (0.000021, "< $0.01"), (0.0099, "< $0.01"), (0.01, "$0.01"), (0.12, "$0.12"),
+    (12.34, "$12.34"), (1234.5, "$1,234.50"),
+])
+def test_dollars_are_written_as_dollars(usd, shown):
+    assert format_usd(usd) == shown
+
+
+@pytest.mark.parametrize("hours, shown", [(0.0, "0"), (0.2 / 3600, "0.0000556"), (0.0278, "0.0278"), (12.34, "12.3"),
+                                          (1234.4, "1,234")])
+def test_device_hours_keep_three_digits_without_exponents(hours, shown):
+    assert format_hours(hours) == shown
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["cost.instance_type=p5.48xlarge"], r"'cost.instance_type' is 'p5.48xlarge', which is not a machine of"),
     (["cost.instance_type=n1-standard-8+nvidia-h100"], r"'nvidia-h100' is not a GPU that .* prices per attached GPU"),
@@ -149,4 +175,6 @@ def test_a_broken_price_table_names_the_entry(tmp_path):
 def test_every_price_has_a_date_and_a_source():
     priced = [*MACHINES.values(), *(a["attach"] for a in TABLE["accelerators"].values() if "attach" in a)]
     assert priced and all(p["date"] and p["source"].startswith("https://") for p in priced)
-    assert Pricing.for_config(load_config(None, [])).rate("cpu").usd_per_unit_hour > 0
+    m5 = Pricing.for_config(load_config(None, ["cost.instance_type=m5.2xlarge"])).rate("cpu")
+    assert m5.usd_per_unit_hour == MACHINES["m5.2xlarge"]["on_demand"] / 8 and "m5.2xlarge" in m5.priced_as
+    assert Pricing.for_config(load_config(None, [])).rate("cpu").usd_per_unit_hour is None   # no machine named

@@ -9,6 +9,7 @@ import pytest
 from raydl.errors import ConfigError
 from raydl.tune import report
 from raydl.tune.space import parse_sweep
+from raydl.tune.sweep import require_price
 
 
 def attempt(losses: list[float], *, start: int, usd_per_step: float) -> list[dict]:
@@ -51,15 +52,29 @@ def test_the_cost_columns_and_the_cost_to_target_objective(tmp_path):
                         "target_loss": 1.5})
     rows = [{"trial": t, "params": {}, "batch": b, "precision": "fp32", "samples_per_s": 1.0, "peak_memory_mb": 1.0,
              "eval_loss": 1.4, "time_to_target_s": s, "cost_usd": c, "cost_to_target_usd": ct, "status": "ok",
-             "reason": ""} for t, b, s, c, ct in (("t0", 32, 10.0, 0.5, 0.4), ("t1", 64, 8.0, 0.9, 0.7))]
+             "reason": ""} for t, b, s, c, ct in (("t0", 32, 10.0, 0.5, 0.004), ("t1", 64, 8.0, 0.9, 0.7))]
     best = report.best_row(rows, *spec.metric)
     assert spec.metric == ("cost_to_target_usd", "min") and best["trial"] == "t0"   # slower, but cheaper
-    header = report.format_table(rows, [], best).splitlines()[0]
-    assert "cost $" in header and "$ to target" in header
+    header, _, t0, t1 = report.format_table(rows, [], best).splitlines()
+    assert "  cost  " in header and "cost to target" in header
+    assert "$0.50  < $0.01" in t0 and "$0.90  $0.70" in t1             # dollars as dollars, never 4e-03
+    unpriced = [{**r, "cost_usd": None, "cost_to_target_usd": None} for r in rows]   # a local CPU sweep
+    assert "cost" not in report.format_table(unpriced, [], best) and "$" not in report.format_table(unpriced, [], best)
     report.write_csv(rows, tmp_path / "r.csv", [])
-    assert [r["cost_to_target_usd"] for r in csv.DictReader((tmp_path / "r.csv").open())] == ["0.4", "0.7"]
+    assert [r["cost_to_target_usd"] for r in csv.DictReader((tmp_path / "r.csv").open())] == ["0.004", "0.7"]
 
 
 def test_cost_to_target_needs_a_target_loss():
     with pytest.raises(ConfigError, match="target_loss.*missing; the cost_to_target objective needs it"):
         parse_sweep({"space": {"train.global_batch_size": [32]}, "objective": "cost_to_target"})
+
+
+def test_cost_to_target_on_cpus_needs_a_price():
+    unpriced = parse_sweep({"space": {"train.global_batch_size": [32]}, "objective": "cost_to_target", "target_loss": 1.5})
+    with pytest.raises(ConfigError, match=r"'objective' is cost_to_target, but the trials run on CPUs with no price "
+                                          r"\(no price: .*cost.prices.cpu_core"):
+        require_price(unpriced, gpu=False)
+    require_price(unpriced, gpu=True)   # GPUs are priced by their name
+    priced = parse_sweep({"space": {"train.global_batch_size": [32]}, "objective": "cost_to_target", "target_loss": 1.5,
+                          "base": {"cost": {"prices": {"cpu_core": 0.05}}}})
+    require_price(priced, gpu=False)

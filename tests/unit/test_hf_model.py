@@ -25,7 +25,7 @@ def _ids(rows: int = 3, seed: int = 1) -> torch.Tensor:
 def _options(family: str, **kw) -> HfOptions:
     if family == "mistral":
         kw.setdefault("sliding_window", 5)   # shorter than the rows: the sliding mask matters
-    return HfOptions(family=family, kv_heads=2 if family != "gpt2" else 0, **kw)
+    return HfOptions(family=family, num_key_value_heads=2 if family != "gpt2" else 0, **kw)
 
 
 def _pair(options: HfOptions):
@@ -90,11 +90,60 @@ def test_options_from_the_config_are_strict_and_typed():
     choice = choose_model(load_config(None, ["model.name=hf", "model.options.layers=3", "model.options.family=qwen2",
                                              "model.dropout=0.25"]).model)
     assert isinstance(choice.options, HfOptions)
-    assert (choice.options.layers, choice.options.family, choice.options.dropout) == (3, "qwen2", 0.25)
+    assert (choice.options.num_hidden_layers, choice.options.family, choice.options.dropout) == (3, "qwen2", 0.25)
     with pytest.raises(ConfigError, match="model.options.layer'"):
         choose_model(load_config(None, ["model.name=hf", "model.options.layer=3"]).model)
     with pytest.raises(ConfigError, match="model.options.family"):
         choose_model(load_config(None, ["model.name=hf", "model.options.family=gpt5"]).model)
+
+
+def _hf(*sets: str):
+    """The transformers model `--set model.name=hf --set ...` builds (on the meta device: shapes only)."""
+    choice = choose_model(load_config(None, ["model.name=hf", *sets]).model)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # GPT-2's untie warning
+        return build_causal_lm(choice.options, META)
+
+
+def test_transformers_field_names_and_raydl_short_names_build_the_same_model():
+    hf_names = _hf("model.options.num_hidden_layers=4", "model.options.num_attention_heads=8",
+                   "model.options.num_key_value_heads=2", "model.options.max_position_embeddings=32")
+    short = _hf("model.options.layers=4", "model.options.heads=8", "model.options.kv_heads=2",
+                "model.options.max_positions=32")
+    for model in (hf_names, short):
+        c = model.config
+        assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.max_position_embeddings) == \
+            (4, 8, 2, 32) and len(model.model.layers) == 4
+    gpt2 = _hf("model.options.family=gpt2", "model.options.n_layer=3", "model.options.n_embd=32",
+               "model.options.layer_norm_epsilon=1e-4")
+    assert (gpt2.config.n_layer, gpt2.config.n_embd, gpt2.config.layer_norm_epsilon) == (3, 32, 1e-4)
+
+
+def test_any_field_of_the_family_config_class_reaches_the_config_typed():
+    model = _hf("model.options.rope_theta=500000", "model.options.rms_norm_eps=1e-5",
+                "model.options.attention_bias=true", "model.options.hidden_act=gelu")
+    c = model.config
+    assert (c.rope_parameters["rope_theta"], c.rms_norm_eps, c.attention_bias, c.hidden_act) == (5e5, 1e-5, True, "gelu")
+    assert model.model.layers[0].self_attn.q_proj.bias is not None   # attention_bias built biases
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["model.options.layers=3", "model.options.num_hidden_layers=4"],
+     r"'model\.options\.num_hidden_layers' and model\.options\.layers are both given.*keep one of them"),
+    (["model.options.family=gpt2", "model.options.n_head=2", "model.options.heads=4"],
+     r"'model\.options\.heads' and model\.options\.n_head are both given"),
+    (["model.options.num_hiden_layers=3"],
+     r"'model\.options\.num_hiden_layers' is neither an option of model 'hf' nor a field of transformers' LlamaConfig"
+     r".*did you mean num_hidden_layers\?"),
+    (["model.options.family=gpt2", "model.options.rope_theta=1e6"], r"'model\.options\.rope_theta' .* GPT2Config"),
+    (["model.options.rms_norm_eps=small"], r"'model\.options\.rms_norm_eps' must be of type float"),
+    (["model.options.attention_dropout=0.1"], r"'model\.options\.attention_dropout' is set by raydl from "
+                                              r"model\.dropout\. Fix: drop .* and set model\.dropout"),
+    (["model.options.config_fields={rope_theta: 1}"], r"'model\.options\.config_fields' is filled by raydl"),
+])
+def test_bad_transformers_fields_are_config_errors_naming_the_option(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        choose_model(load_config(None, ["model.name=hf", *sets]).model)
 
 
 def test_dropout_reaches_every_dropout_of_the_family():
@@ -104,10 +153,10 @@ def test_dropout_reaches_every_dropout_of_the_family():
 
 @pytest.mark.parametrize("kw, field", [
     ({"hidden_size": 30}, "model.options.hidden_size"),          # not a multiple of 4 heads
-    ({"kv_heads": 3}, "model.options.kv_heads"),
-    ({"family": "gpt2", "kv_heads": 2}, "model.options.kv_heads"),
+    ({"num_key_value_heads": 3}, "model.options.num_key_value_heads"),
+    ({"family": "gpt2", "num_key_value_heads": 2}, "model.options.num_key_value_heads"),
     ({"sliding_window": 8}, "model.options.sliding_window"),      # llama has none
-    ({"layers": 0}, "model.options.layers"),
+    ({"num_hidden_layers": 0}, "model.options.num_hidden_layers"),
 ])
 def test_impossible_dimensions_name_the_option(kw, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -117,8 +166,8 @@ def test_impossible_dimensions_name_the_option(kw, field):
 def test_vocabulary_or_length_that_disagrees_with_the_dataset_names_both_numbers():
     with pytest.raises(ConfigError, match=r"model\.options\.vocab_size.* 100 tokens .* 61"):
         build(HfOptions(vocab_size=100), META)
-    with pytest.raises(ConfigError, match=r"model\.options\.max_positions.* 8 positions .* 16 tokens"):
-        build(HfOptions(max_positions=8), META)
+    with pytest.raises(ConfigError, match=r"model\.options\.max_position_embeddings.* 8 positions .* 16 tokens"):
+        build(HfOptions(max_position_embeddings=8), META)
 
 
 def _save_pretrained(tmp_path, family: str = "llama", **kw):
@@ -131,7 +180,7 @@ def _save_pretrained(tmp_path, family: str = "llama", **kw):
 
 
 def test_config_dir_builds_its_architecture_and_weights_dir_loads_its_weights(tmp_path):
-    saved, model = _save_pretrained(tmp_path, layers=3)
+    saved, model = _save_pretrained(tmp_path, num_hidden_layers=3)
     from_config, _ = _pair(HfOptions(config=str(saved)))
     assert list(from_config.blocks) == ["embed", "h0", "h1", "h2", "head"]
     from_weights, _ = _pair(HfOptions(weights=str(saved)))
@@ -158,8 +207,10 @@ def test_bad_local_directories_are_refused_naming_the_option(tmp_path):
     saved, _ = _save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"model\.options\.config.*not a local directory holding config.json"):
         build(HfOptions(config=str(tmp_path)), META)
-    with pytest.raises(ConfigError, match=r"model\.options\.layers.* comes from the config.json"):
-        build(HfOptions(config=str(saved), layers=5), META)
+    with pytest.raises(ConfigError, match=r"model\.options\.num_hidden_layers.* comes from the config.json"):
+        build(HfOptions(config=str(saved), num_hidden_layers=5), META)
+    with pytest.raises(ConfigError, match=r"model\.options\.rope_theta.* comes from the config.json"):
+        build(HfOptions(config=str(saved), config_fields={"rope_theta": 1e6}), META)
     other = tmp_path / "bert"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "bert"}))

@@ -15,6 +15,8 @@ from raydl.cli import main
 from raydl.report import source as report_source
 from tests.unit.test_tensorboard import write_run
 
+CORE_HOUR_USD = 36.0   # a cent per core-second: the tables' dollars are readable
+
 
 def table_rows(out: str) -> list[list[str]]:
     """The printed table's cells (columns are two or more spaces apart), header first."""
@@ -33,7 +35,8 @@ def summary(run_dir: Path) -> dict:
 
 def test_run_report_prints_summary_json_as_a_table_and_draws_the_png(tmp_path, capsys):
     run = tmp_path / "run"
-    write_run(run, [(2, 1, 60), (1, 53, 100), (2, 91, 150)])   # shrink, then grow again, each redoing steps
+    # shrink, then grow again, each redoing steps
+    write_run(run, [(2, 1, 60), (1, 53, 100), (2, 91, 150)], core_hour_usd=CORE_HOUR_USD)
 
     assert main(["report", str(run)]) == 0
     header, *rows = table_rows(capsys.readouterr().out)
@@ -42,8 +45,9 @@ def test_run_report_prints_summary_json_as_a_table_and_draws_the_png(tmp_path, c
     assert int(table["steps"]) == s["steps"] == 150 and int(table["samples"]) == s["samples"]
     for field, key, scale in (("final loss", "final_loss", 1), ("samples/s", "samples_per_s", 1),
                               ("data wait %", "data_wait_frac", 100), ("peak memory MB", "peak_memory_mb", 1),
-                              ("device-hours", "device_hours", 1), ("cost $", "cost_usd", 1)):
+                              ("device-hours", "device_hours", 1)):
         assert float(table[field]) == pytest.approx(s[key] * scale, rel=2e-3, abs=0.5 if s[key] > 1000 else 0), field
+    assert table["cost"].startswith("$") and float(table["cost"][1:]) == pytest.approx(s["cost_usd"], abs=0.005)
     assert float(table["eval loss"]) == s["eval"]["loss"]
     assert table["workers"] == "2, 1" and int(table["restarts"]) == len(s["restarts"]) == 2
     assert "MFU %" not in table   # no value on CPU: the column is left out
@@ -56,9 +60,10 @@ def test_sweep_report_has_a_line_per_trial_with_its_last_attempts_summary(tmp_pa
     sweep = tmp_path / "sweep"
     (sweep / "trials" / "failed").mkdir(parents=True)   # a trial that failed before its first step
     (sweep / "sweep.yaml").write_text("name: sweep\n")
-    write_run(sweep / "trials" / "a" / "attempt-1", [(1, 1, 40)], final=False)   # interrupted, then resumed
-    write_run(sweep / "trials" / "a" / "attempt-2", [(1, 31, 80)])
-    write_run(sweep / "trials" / "b" / "attempt-1", [(2, 1, 50), (2, 41, 80)])
+    # trial a was interrupted, then resumed
+    write_run(sweep / "trials" / "a" / "attempt-1", [(1, 1, 40)], final=False, core_hour_usd=CORE_HOUR_USD)
+    write_run(sweep / "trials" / "a" / "attempt-2", [(1, 31, 80)], core_hour_usd=CORE_HOUR_USD)
+    write_run(sweep / "trials" / "b" / "attempt-1", [(2, 1, 50), (2, 41, 80)], core_hour_usd=CORE_HOUR_USD)
     (sweep / "results.json").write_text(json.dumps({"trials": [{"trial": "b", "params": {"train.lr": 0.01}}]}))
 
     assert main(["report", str(sweep), "--out", str(tmp_path / "sweep.png")]) == 0
@@ -77,7 +82,7 @@ def test_sweep_report_has_a_line_per_trial_with_its_last_attempts_summary(tmp_pa
     assert [r["step"] for r in trial_a.records] == list(range(1, 81))   # steps 31-40 once, from attempt 2
     spent = [report_source.read_metrics(sweep / "trials" / "a" / f"attempt-{n}")[-1]["cost_usd"] for n in (1, 2)]
     assert spent[1] == summary(sweep / "trials" / "a" / "attempt-2")["cost_usd"]
-    assert float(lines["a"]["cost $"]) == pytest.approx(sum(spent), rel=1e-3)   # the first attempt was paid for too
+    assert lines["a"]["cost"] == f"${sum(spent):.2f}"   # the first attempt was paid for too
     assert trial_a.records[-1]["cost_usd"] == pytest.approx(sum(spent))
     assert trial_a.records[29]["cost_usd"] < trial_a.records[30]["cost_usd"]     # no drop to 0 where attempt 2 starts
     assert [(m.step, m.text) for m in trial_a.markers] == [(31, "resumed (attempt-2)")]
@@ -92,6 +97,16 @@ def test_an_unfinished_run_is_reported_from_its_records(tmp_path, capsys):
     assert table["steps"] == "30" and table["note"] == "unfinished: no summary.json"
     assert float(table["final loss"]) == pytest.approx(6.0 / 30 ** 0.5, rel=1e-3)
     assert_png(run / "report.png")
+
+
+def test_a_cpu_run_without_a_price_shows_core_hours_and_no_dollars(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(run, [(2, 1, 30)])
+
+    assert main(["report", str(run)]) == 0
+    table = dict(table_rows(capsys.readouterr().out)[1:])
+    assert float(table["device-hours"]) == pytest.approx(summary(run)["device_hours"], rel=1e-3)
+    assert "cost" not in table and "cost.prices.cpu_core" in table["priced as"]
 
 
 def _not_a_dir(tmp_path: Path) -> Path:

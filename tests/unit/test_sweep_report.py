@@ -108,7 +108,7 @@ def test_best_row_table_and_files(tmp_path):
     table = report.format_table(rs, ["train.lr"], rs[0])
     lines = table.splitlines()
     assert lines[0].split() == ["trial", "batch", "precision", "lr", "samples/s", "peak", "MB", "eval", "loss",
-                                "time", "to", "target", "s", "cost", "$", "$", "to", "target", "start", "s", "status"]
+                                "time", "to", "target", "s", "start", "s", "status"]   # no cost: no price applied
     assert lines[2].startswith("*t0") and "infeasible: FloatingPointError: training diverged" in lines[4]
     assert "Fix:" not in table and " - " in lines[3]       # unreached target shows as '-'
     report.write_csv(rs, tmp_path / "r.csv", ["train.lr"])

@@ -9,8 +9,9 @@ import yaml
 
 from raydl.cli import main
 from raydl.errors import ConfigError
+from raydl.models.choice import choose_model
 from raydl.tune.space import default_sweep, parse_dim, parse_sweep, trial_config, trial_tree
-from raydl.tune.sweep import max_concurrent, num_trials
+from raydl.tune.sweep import max_concurrent, num_trials, prepare_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,8 @@ def test_dims_of_every_kind_become_tune_domains():
     ("train.global_batch", [64], ["'train.global_batch' is not a config field", "global_batch_size"]),
     ("trian.lr", [0.1], ["'trian' is not a config section", "train"]),
     ("lr", [0.1], ["not a dotted config key"]),
+    ("train.lr.x", [0.1], ["'train.lr.x' is not a config field (train.lr has no entries)"]),
+    ("model.options.a.b", [1], ["not a dotted config key", "model.options.layers"]),
     ("train.global_batch_size", [64, "big"], ["must be of type int", "'big'"]),
     ("train.precision", ["fp32", "fp8"], ["'fp8', not one of fp32, bf16, fp16"]),
     ("train.global_batch_size", [], ["empty list"]),
@@ -175,3 +178,48 @@ def test_every_asha_setting_parse_sweep_accepts_builds_the_scheduler(asha):
 
     scheduler = _asha(parse_sweep(sweep(asha=asha, base={"train": {"max_steps": 100}})))   # ASHA asserts the rest
     assert isinstance(scheduler, ASHAScheduler)
+
+
+def model_options_sweep(space: dict, **base) -> dict:
+    return sweep(space={"train.global_batch_size": [32], **space}, base={"scaling": {"min_workers": 1, "max_workers": 1},
+                                                                         **base})
+
+
+def test_a_sweep_varies_model_options_and_each_trial_builds_its_own():
+    spec = parse_sweep(model_options_sweep({"model.options.layers": [2, 4], "model.options.width": "choice([64, 96])"}))
+    assert spec.space["model.options.layers"].values == (2, 4)
+    trial = trial_config(spec, {"train.global_batch_size": 32, "model.options.layers": 4, "model.options.width": 96})
+    assert trial.model.options == {"layers": 4, "width": 96}
+    assert choose_model(trial.model).options.dims() == (4, 96, 4)   # the gpt preset's heads, the trial's depth and width
+    assert parse_dim("model.options.layers", "randint(2, 5)").kind == "randint"
+    hf = parse_sweep(model_options_sweep({"model.options.num_hidden_layers": [2, 3]}, model={"name": "hf"}))
+    hf_trial = trial_config(hf, {"train.global_batch_size": 32, "model.options.num_hidden_layers": 3})
+    assert choose_model(hf_trial.model).options.num_hidden_layers == 3
+
+
+@pytest.mark.parametrize("space, base, words", [
+    ({"model.options.layerz": [2, 4]}, {}, ["'model.options.layerz' is invalid in trial", "not an option of model 'gpt'",
+                                            "layers"]),
+    ({"model.options.layers": "uniform(2, 4)"}, {}, ["model.options.layers must be of type int, got 2.0"]),
+    ({"model.options.layers": [2, "two"]}, {}, ["model.options.layers must be of type int, got 'two'"]),
+    ({"model.options.num_hiden_layers": [2]}, {"model": {"name": "hf"}}, ["nor a field of transformers' LlamaConfig",
+                                                                          "did you mean num_hidden_layers?"]),
+])
+def test_a_bad_model_option_in_the_space_fails_before_any_data_or_ray(tmp_path, space, base, words):
+    spec = parse_sweep(model_options_sweep(space, data={"cache_dir": str(tmp_path / "cache")}, **base))
+    with pytest.raises(ConfigError) as e:
+        prepare_data(spec)
+    for word in words:
+        assert word in str(e.value)
+    assert not (tmp_path / "cache").exists()   # refused before any dataset was generated
+
+
+def test_cli_sweep_over_an_unknown_model_option_exits_2_before_ray_starts(tmp_path, capsys):
+    import ray
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(model_options_sweep({"model.options.depth": [2, 4]})))
+    ray_was_up = ray.is_initialized()
+    assert main(["sweep", "--config", str(path)]) == 2
+    assert "'model.options.depth' is invalid in trial" in capsys.readouterr().err
+    assert ray.is_initialized() == ray_was_up

@@ -18,7 +18,7 @@ from raydl.config import JobConfig
 from raydl.metrics import tensorboard
 from raydl.metrics.writer import MetricsWriter
 from raydl.errors import ConfigError
-from raydl.overrides import load_config
+from raydl.overrides import dump_yaml, load_config
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
 GROUP_GAP_S = 10.0
@@ -42,10 +42,14 @@ def layout(world_size: int) -> dict:
 
 
 def write_run(run_dir: Path, groups: list[tuple[int, int, int]], *, every: int = 5, events_dir: str | None = None,
-              gpu: bool = False, final: bool = True) -> MetricsWriter:
+              gpu: bool = False, final: bool = True, core_hour_usd: float | None = None) -> MetricsWriter:
     """Worker groups (world size, first step, last step) reported every `every` steps, a step a second and
     GROUP_GAP_S between groups; a group that starts at or before the previous one's last step redoes those
-    steps, as after a restart from an earlier checkpoint."""
+    steps, as after a restart from an earlier checkpoint. With `core_hour_usd` the run's config prices its CPU
+    core-hours (without a price no $ is recorded)."""
+    if core_hour_usd is not None:
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(dump_yaml(load_config(None, [f"cost.prices.cpu_core={core_hour_usd}"])))
     writer = MetricsWriter(run_dir, progress=False, events_dir=events_dir)
     last, clock = groups[-1][2], 1.7e9
     for world_size, first, end in groups:
@@ -98,7 +102,7 @@ def assert_events_match_metrics(run_dir: Path, log_dir: Path) -> set[str]:
 
 def test_events_hold_every_metric_with_restarts_and_layouts_as_text(tmp_path):
     run = tmp_path / "run"
-    write_run(run, [(2, 1, 12), (1, 11, 20)], events_dir=str(run / "tensorboard"), gpu=True)
+    write_run(run, [(2, 1, 12), (1, 11, 20)], events_dir=str(run / "tensorboard"), gpu=True, core_hour_usd=36.0)
 
     tags = assert_events_match_metrics(run, run / "tensorboard")
     assert {"loss/loss", "loss/eval_loss", "optimizer/lr", "optimizer/grad_norm", "throughput/samples_per_s",

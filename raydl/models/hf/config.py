@@ -9,13 +9,16 @@ from safetensors (a pickled .bin could run code).
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from raydl.errors import ConfigError
-from raydl.models.hf.options import FAMILIES, HfOptions
+from raydl.models.hf.options import ALIASES, FAMILIES, HfOptions
+from raydl.overrides import coerce
 
 os.environ["HF_HUB_OFFLINE"] = "1"   # before huggingface_hub reads it on import
 
@@ -23,6 +26,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"   # before huggingface_hub reads it on import
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
            "mistral": ("MistralConfig", "MistralForCausalLM"), "gpt2": ("GPT2Config", "GPT2LMHeadModel")}
 INSTALL = 'pip install "raydl[hf]"'
+# Config fields raydl sets itself, which an option of the same name would be overwritten by: field -> by what.
+SET_BY_RAYDL = {"attention_dropout": "model.dropout", "resid_pdrop": "model.dropout", "embd_pdrop": "model.dropout",
+                "attn_pdrop": "model.dropout", "bos_token_id": "the dataset's eos token",
+                "eos_token_id": "the dataset's eos token"}
+# Names of older config.json files that transformers v5 still reads into rope_parameters.
+LEGACY_ROPE = ("rope_theta", "rope_scaling")
 
 
 def transformers_module():
@@ -36,6 +45,40 @@ def transformers_module():
 
 def model_class(family: str):
     return getattr(transformers_module(), CLASSES[family][1])
+
+
+def _init_params(family: str) -> dict[str, inspect.Parameter]:
+    config_class = getattr(transformers_module(), CLASSES[family][0])
+    params = inspect.signature(config_class.__init__).parameters
+    return {n: p for n, p in params.items() if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def config_field_names(family: str) -> set[str]:
+    """Every name the family's config class takes: its constructor's parameters and its attribute_map."""
+    names = set(_init_params(family)) | set(getattr(transformers_module(), CLASSES[family][0]).attribute_map)
+    return names | set(LEGACY_ROPE) if "rope_parameters" in names else names
+
+
+def checked_config_fields(family: str, given: dict[str, Any]) -> dict[str, Any]:
+    """model.options entries that are transformers config fields, checked against the family's class (which
+    itself keeps any unknown keyword as an attribute, silently), typed like the field's default."""
+    config_class, names, params = CLASSES[family][0], config_field_names(family), _init_params(family)
+    checked = {}
+    for name, value in given.items():
+        if name in SET_BY_RAYDL:
+            by = SET_BY_RAYDL[name]
+            raise ConfigError(f"model.options.{name}", f"is set by raydl from {by}",
+                              f"drop model.options.{name}" + (" and set model.dropout" if by == "model.dropout" else ""))
+        if name not in names:
+            close = difflib.get_close_matches(name, sorted(names | set(ALIASES)), n=1)
+            raise ConfigError(f"model.options.{name}", f"is neither an option of model 'hf' nor a field of "
+                              f"transformers' {config_class} (model.options.family={family})",
+                              (f"did you mean {close[0]}? " if close else "") + f"use a field of {config_class} "
+                              "as written in a config.json, or an option `raydl train --help` lists")
+        default = params[name].default if name in params else None
+        typed = type(default) in (bool, int, float)   # --set gives text, and YAML reads 1e-5 as a string
+        checked[name] = coerce(f"model.options.{name}", value, type(default)) if typed else value
+    return checked
 
 
 def hf_config(options: HfOptions, meta: dict[str, Any]):
@@ -88,17 +131,18 @@ def read_config_dir(path: str, directory: str):
 def _family_config(options: HfOptions, meta: dict[str, Any]):
     width = options.intermediate_size or 4 * options.hidden_size
     vocab = options.vocab_size or meta["vocab_size"]
-    positions = options.max_positions or meta["seq_len"]
+    positions = options.max_position_embeddings or meta["seq_len"]
     eos = meta.get("eos")   # the families' own ids (GPT-2's 50256) lie outside a small dataset's vocabulary
     config_class = getattr(transformers_module(), CLASSES[options.family][0])
+    layers, heads = options.num_hidden_layers, options.num_attention_heads
     if options.family == "gpt2":
-        return config_class(n_embd=options.hidden_size, n_layer=options.layers, n_head=options.heads, n_inner=width,
-                            vocab_size=vocab, n_positions=positions, bos_token_id=eos, eos_token_id=eos)
+        return config_class(n_embd=options.hidden_size, n_layer=layers, n_head=heads, n_inner=width, vocab_size=vocab,
+                            n_positions=positions, bos_token_id=eos, eos_token_id=eos, **options.config_fields)
     extra = {"sliding_window": options.sliding_window or None} if options.family == "mistral" else {}
-    return config_class(hidden_size=options.hidden_size, num_hidden_layers=options.layers,
-                        num_attention_heads=options.heads, num_key_value_heads=options.kv_heads or options.heads,
-                        intermediate_size=width, vocab_size=vocab, max_position_embeddings=positions,
-                        bos_token_id=eos, eos_token_id=eos, **extra)
+    return config_class(hidden_size=options.hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
+                        num_key_value_heads=options.num_key_value_heads or heads, intermediate_size=width,
+                        vocab_size=vocab, max_position_embeddings=positions, bos_token_id=eos, eos_token_id=eos,
+                        **extra, **options.config_fields)
 
 
 def _set_dropout(config, p: float) -> None:
@@ -116,7 +160,7 @@ def _check_dataset_agrees(config, meta: dict[str, Any], source_field: str | None
                           "prepare --tokenizer its tokenizer.json), or use a model of the dataset's vocabulary"
                           + ("" if source_field else " (vocab_size=0 takes it)"))
     if config.max_position_embeddings < meta["seq_len"]:
-        where = f"model.options.{source_field}" if source_field else "model.options.max_positions"
+        where = f"model.options.{source_field}" if source_field else "model.options.max_position_embeddings"
         raise ConfigError(where, f"allows {config.max_position_embeddings} positions but the dataset's rows are "
                           f"{meta['seq_len']} tokens", "prepare the dataset with a shorter --seq-len, or allow more "
                           "positions")
