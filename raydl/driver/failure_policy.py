@@ -50,7 +50,8 @@ class FailFastOnRaydlErrors(FailurePolicy):
 class RaydlTrainer(TorchTrainer):
     """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy and, when
     elastic, `LiveNodesElasticPolicy` (raydl.driver.scaling_policy), that starts Train's guard actors once the
-    workers have reported (raydl.driver.late_start), and that leaves Ctrl-C to raydl's handler.
+    workers have reported (raydl.driver.late_start), that leaves Ctrl-C to raydl's handler, and that prints the
+    run's console lines from its metrics sink.
 
     Ray 2.60 builds the policy inside `fit()` with no public hook; these overrides of the two methods involved
     are pinned by pyproject's ray range and tested (tests/unit/test_failure_policy.py, tests/ray/test_stop.py)."""
@@ -63,6 +64,13 @@ class RaydlTrainer(TorchTrainer):
             return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)
+    metrics_sink = None   # build_trainer's sink actor: its console lines are printed here while the run trains
+
+    def fit(self):
+        from raydl.metrics.sink import relay_lines
+
+        with relay_lines(self.metrics_sink):
+            return super().fit()
 
     def _create_default_callbacks(self):
         """Two of Train's default callbacks only cost raydl time. Its DatasetsCallback starts a DatasetManager

@@ -6,18 +6,31 @@ directory without a barrier across workers and without waiting for Ray Train's c
 `ray.train.report` is left for what Train must see, checkpoints. Ray runs an actor's calls from one caller
 in order, so the records arrive as rank 0 sent them; the final report is waited for, so summary.json is
 written before the train function returns. The controller tells the sink why a worker group failed.
+
+The console lines of the run (the layout, progress) are kept here and printed by the driver (`relay_lines`):
+printed in this actor, Ray would forward them with its "(MetricsSink pid=...)" prefix.
 """
 
 from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
 
 from raydl.metrics.writer import MetricsWriter
 from raydl.node_actor import start_on_this_node
 from raydl.telemetry.records import WorkerReport
 
+log = logging.getLogger(__name__)
+
+RELAY_EVERY_S = 0.5
+
 
 class MetricsSink:
     def __init__(self, run_dir: str, progress: bool, events_dir: str | None):
-        self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir)
+        self.lines: list[str] = []
+        self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, say=self.say)
 
     def write(self, report: WorkerReport, world_size: int) -> None:
         """`report` travels as the object (pickled by reference to its class): a tenth of a millisecond of rank 0's
@@ -27,7 +40,43 @@ class MetricsSink:
     def note_failure(self, cause: str) -> None:
         self.writer.note_failure(cause)
 
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+
+    def take_lines(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
 
 def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None):
     """The named sink actor, on this node: the run directory's."""
     return start_on_this_node(MetricsSink, name, run_dir, progress, events_dir)
+
+
+@contextlib.contextmanager
+def relay_lines(sink) -> Iterator[None]:
+    """While the run trains, print the sink's console lines in this process (the driver's), as its own lines;
+    the last ones once more after the run."""
+    import ray
+
+    stopped = threading.Event()
+
+    def relay() -> None:
+        try:
+            for line in ray.get(sink.take_lines.remote(), timeout=30):
+                log.info(line)
+        except ray.exceptions.RayError:   # the sink is gone with its node or the cluster: nothing left to print
+            stopped.set()
+
+    def relay_until_stopped() -> None:
+        while not stopped.wait(RELAY_EVERY_S):
+            relay()
+
+    thread = threading.Thread(target=relay_until_stopped, name="raydl-console", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join(timeout=35)
+        relay()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,15 @@ log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None):
-        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard)."""
+    def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None,
+                 say: Callable[[str], None] = log.info):
+        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `say`: where the progress
+        lines go (the sink keeps them for the driver to print)."""
         raydl_log.ensure_configured()   # it runs in Train's controller actor or a torchrun rank: not the CLI's process
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self.progress = progress
+        self.progress, self.say = progress, say
         self.records: list[StepRecord] = []
         self.world_sizes: list[int] = []
         self.layouts: list[dict[str, Any]] = []
@@ -103,7 +106,7 @@ class MetricsWriter:
         recent = self.records[-20:]
         rate, elapsed = stopwatch(recent)
         eta = f" eta {max(0, total - r.step) * elapsed / len(recent):.0f}s" if total and elapsed else ""
-        log.info(f"step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
+        self.say(f"step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
                  f"{rate:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
                  f"ws {r.world_size} {self.cost.progress()}{eta}")
 

@@ -74,7 +74,7 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint) -> Train
     if scaler and saved.get("scaler"):
         scaler.load_state_dict(saved["scaler"])
     if session.rank == 0:
-        log.info(f"resumed from {path} at step {saved['step']}")
+        session.announce(f"resumed from {path} at step {saved['step']}")
     return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
 
 
@@ -144,7 +144,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
                       flops_per_sample=chosen.flops_per_sample(info.meta) or 0.0)   # 0 = unknown
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
     if session.rank == 0:
-        log.info(describe(layout, start_step=state.step, num_params=fingerprint["params"]))
+        session.announce(describe(layout, start_step=state.step, num_params=fingerprint["params"]))
     return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
                   total_steps, last_checkpoint_step=state.step, marks=marks), state
 

@@ -29,6 +29,8 @@ from raydl.telemetry.records import WorkerReport
 from raydl.telemetry.startup import process_start_time
 from raydl.train import checkpoint as ckpt
 
+log = logging.getLogger(__name__)
+
 
 def pick_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
@@ -145,6 +147,10 @@ class RaySession:
         if self.tune_reports or report.group_start:
             self._train.report(report.to_dict() if self.tune_reports else report.registered_metrics())
 
+    def announce(self, line: str) -> None:
+        """A console line of rank 0's (the layout), printed by the driver with the run's progress."""
+        self.sink.say.remote(line)
+
     def _send(self, report: WorkerReport) -> None:
         """Rank 0's records to the sink, not waited for; the run's final report is, so summary.json is
         written before the train function returns."""
@@ -186,6 +192,9 @@ class TorchrunSession:
 
     def stop_signal(self, actor_name: str | None) -> int:
         return self.signals.signum   # torchrun forwards the signal to every rank's own handler
+
+    def announce(self, line: str) -> None:
+        log.info(line)
 
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         path = self.run_dir / "train" / ckpt.checkpoint_name(step)

@@ -30,6 +30,7 @@ def test_default_run_console_is_quiet(data_cache, tmp_path):
     summary_lines = lines[lines.index("{"):] if "{" in lines else []
     others = [line for line in lines if line not in raydl_lines and line not in summary_lines]
     assert not any("PlacementGroupCleaner" in line or "PreemptionWatcher" in line for line in lines), out
+    assert all(line.startswith("[raydl] ") for line in raydl_lines), raydl_lines   # no Ray prefix, no colour code
     assert sum("2 workers: data-parallel × 2 (DDP: " in line and ", from step 0, " in line for line in lines) == 1, out
     assert sum("[raydl] step " in line for line in lines) == 3 and summary_lines, out
     assert len(others) <= 3, "\n".join(others)   # whole lines: pytest cuts a list's repr
