@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from raydl.bench import harness
 from raydl.errors import ConfigError
@@ -58,9 +59,10 @@ def make_dataset(root: Path, rows: int, seq_len: int) -> Path:
                             "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(x[:, :-1].ravel()), seq_len),
                             "labels": pa.FixedSizeListArray.from_arrays(pa.array(x[:, 1:].ravel()), seq_len)})
 
-    splits = {"train": write_split(tmp, "train", tables(0, rows), shard_rows=3200),
-              "eval": write_split(tmp, "eval", tables(rows, rows + 256), shard_rows=3200)}
-    write_manifest(tmp, {"task": "tokens", "vocab_size": 50257, "seq_len": seq_len}, splits)
+    fs = pafs.LocalFileSystem()
+    splits = {"train": write_split(fs, str(tmp), "train", tables(0, rows), shard_rows=3200),
+              "eval": write_split(fs, str(tmp), "eval", tables(rows, rows + 256), shard_rows=3200)}
+    write_manifest(fs, str(tmp), {"task": "tokens", "vocab_size": 50257, "seq_len": seq_len}, splits)
     tmp.rename(target)
     return target
 
