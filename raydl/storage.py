@@ -164,10 +164,9 @@ def local_copy(location: str, field: str) -> Iterator[str]:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def upload_dir(local: str, fs: pafs.FileSystem, path: str, *, last: str | None = None) -> None:
-    """Copy the local directory `local` to `path` in `fs`, the file named `last` (the one that marks the
-    copy complete) only after every other file is there."""
+def upload_dir(local: str, fs: pafs.FileSystem, path: str) -> None:
+    """Copy the local directory `local` to `path` in `fs`, file by file (streamed, not held in memory)."""
     names = [os.path.relpath(os.path.join(d, f), local) for d, _, files in os.walk(local) for f in files]
-    for name in sorted(names, key=lambda n: n == last):
+    for name in names:
         pafs.copy_files(os.path.join(local, name), f"{path.rstrip('/')}/{name}",
                         source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

@@ -13,9 +13,11 @@ import time
 from typing import Any
 
 from raydl import log as raydl_log
+from raydl import storage
 from raydl.config import JobConfig
 from raydl.driver.cluster_watch import LocalRayletWatch
-from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
+from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_location, prepare_run,
+                                  remove_if_never_started)
 from raydl.driver.stop import SignalStop, start_stop_request
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.models.spec import ModelSpec
@@ -33,6 +35,8 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         # After a node loss Ray first retries the stale, larger size until this times out (measured: raydl bench recovery).
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(cfg.scaling.worker_start_timeout_s),
         **raydl_log.worker_env(),
+        # The bucket's endpoint and region, as the driver sees them (local Ray workers inherit the rest).
+        **{k: os.environ[k] for k in storage.FORWARDED_ENV if k in os.environ},
     }
     # Train patches print() on workers to tee into its logger too: every raydl line would show twice.
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
@@ -102,6 +106,26 @@ def check_cluster_fits(cfg: JobConfig, per_worker: dict[str, float], *, can_grow
                       "(an autoscaling cluster: raise scaling.fit_timeout_s)")
 
 
+def check_shared_checkpoints(cfg: JobConfig) -> None:
+    """Refuse local checkpoint storage on a cluster of several nodes, or one that may add some: a node that
+    dies takes its local disk, and the checkpoint shards its workers wrote there, with it."""
+    import ray
+    from ray._private.state import state
+
+    c = cfg.checkpoint
+    if not storage.is_local(c.storage_path) or c.shared_local:
+        return
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if nodes <= 1 and state.get_max_resources_from_cluster_config() is None:   # None: no autoscaler config
+        return
+    where = f"'{c.storage_path}', a local path" if c.storage_path else "empty (the run directory, a local path)"
+    cluster = f"{nodes} nodes" if nodes > 1 else "an autoscaler that can add nodes"
+    raise ConfigError("checkpoint.storage_path", f"is {where}, but the cluster has {cluster}: a node that dies "
+                      "takes its local disk with it, and the checkpoints with it",
+                      "set checkpoint.storage_path to a bucket every node reaches (s3://BUCKET/PATH, gs://BUCKET/PATH), "
+                      "or, if that path is on storage every node mounts (NFS), set checkpoint.shared_local=true")
+
+
 def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
     """data.backend=ray needs CPUs beside the workers' for its read tasks, or the workers wait forever.
     A warning, not an error: an autoscaling cluster may add the CPUs once the run asks for them."""
@@ -144,7 +168,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     s, cfg = run.cfg.scaling, run.cfg
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
-    storage = cfg.checkpoint.storage_path or str(run.run_dir)
+    storage_path, name = checkpoint_storage(cfg, run.run_dir, run.job["run_id"])
     gpu = "GPU" in resources
     trainer = RaydlTrainer(
         run_worker,
@@ -153,9 +177,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
                                      use_gpu=gpu, resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=s.resize_check_s),
         run_config=RunConfig(
-            # A shared storage path holds many runs: the run id keeps two runs of one basename apart.
-            name="train" if not cfg.checkpoint.storage_path else f"{run.run_dir.name}-{run.job['run_id']}",
-            storage_path=storage,
+            name=name,
+            storage_path=storage_path,
             failure_config=FailureConfig(max_failures=s.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # Also when connecting to a Ray that was started with another runtime env.
@@ -217,6 +240,7 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     connect(address, ray_env(run.cfg))
     marks.mark("ray_connected")
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
+    check_shared_checkpoints(run.cfg)
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
     stop = start_stop_request(run.job["stop_actor"])
@@ -240,7 +264,7 @@ def cluster_lost(run: PreparedRun, address: str | None, cause: str) -> ClusterLo
     from raydl.train import checkpoint as ckpt
 
     where = f"the Ray cluster at {address}" if address else "this process's local Ray"
-    latest = ckpt.find_latest(run.run_dir)
+    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))
     saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
     resume = f"raydl train --resume {run.run_dir}" + (f" --address {address}" if address else "")
     return ClusterLost(f"{where} went away during the run: {cause}. "
