@@ -4,8 +4,9 @@ Ray's processes (the raylet's and the core worker's "A worker died or was killed
 Ray forwards from every worker) and the user's model code (a `print` in a constructor) write to the
 process's fd 1 and to `sys.stdout`. While a result command runs, fd 1 is a copy of stderr, so all of
 that goes to stderr, and so does every process started meanwhile (Ray's raylet, its workers); the
-result is written to the real stdout, set aside before. When `sys.stdout` is not the process's own
-(pytest's capture, a caller's redirection), nothing is moved and the result goes to `sys.stdout`.
+result is written to the real stdout, set aside before. fd 1 stays stderr until the process exits: Ray
+forwards worker lines, and shuts down, after the command has returned. When `sys.stdout` is not the
+process's own (pytest's capture, a caller's redirection), nothing is moved and the result goes to `sys.stdout`.
 """
 
 from __future__ import annotations
@@ -30,14 +31,9 @@ def results_only() -> Iterator[None]:
         yield
         return
     sys.stdout.flush()
-    saved = os.dup(1)
+    _result = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    _result = os.fdopen(saved, "w")
     try:
         yield
     finally:
-        sys.stdout.flush()
         _result.flush()
-        os.dup2(saved, 1)
-        _result.close()
-        _result = None

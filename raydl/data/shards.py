@@ -10,8 +10,9 @@ backend calls it in the training process's prefetch thread (raydl.data.loader), 
 Ray Data read tasks (raydl.data.ray_source).
 
 Each shard is checked against its sha256 in the manifest when a process first opens it: the
-whole file (from an object store: downloaded once, into memory) is hashed on the reading thread (the prefetch thread or a read task, so it overlaps
-training) before any of its rows are used, and once per process, shard and file version.
+whole file (from an object store: downloaded once, into memory) is hashed on the reading thread
+(the prefetch thread or a read task, so it overlaps training) before any of its rows are used, and
+once per process, shard and file version.
 
 A shard that cannot be read or does not match its checksum fails with a DataError naming it,
 unless `data.max_bad_shards` allows skipping it: then its rows are masked placeholders (id -1,

@@ -110,13 +110,12 @@ def check_shared_checkpoints(cfg: JobConfig) -> None:
     """Refuse local checkpoint storage on a cluster of several nodes, or one that may add some: a node that
     dies takes its local disk, and the checkpoint shards its workers wrote there, with it."""
     import ray
-    from ray._private.state import state
 
     c = cfg.checkpoint
     if not storage.is_local(c.storage_path) or c.shared_local:
         return
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    if nodes <= 1 and state.get_max_resources_from_cluster_config() is None:   # None: no autoscaler config
+    if nodes <= 1 and not can_add_nodes():
         return
     where = f"'{c.storage_path}', a local path" if c.storage_path else "empty (the run directory, a local path)"
     cluster = f"{nodes} nodes" if nodes > 1 else "an autoscaler that can add nodes"
@@ -124,6 +123,24 @@ def check_shared_checkpoints(cfg: JobConfig) -> None:
                       "takes its local disk with it, and the checkpoints with it",
                       "set checkpoint.storage_path to a bucket every node reaches (s3://BUCKET/PATH, gs://BUCKET/PATH), "
                       "or, if that path is on storage every node mounts (NFS), set checkpoint.shared_local=true")
+
+
+def can_add_nodes() -> bool:
+    """Whether an autoscaler with node types to launch watches this cluster. Ray's v2 autoscaler publishes its
+    cluster config (what Ray Data's is_autoscaling_enabled reads); the legacy one, which `ray start
+    --autoscaling-config` and the fake multi-node provider run, only its status, in which a cluster without a
+    config shows each node as a read-only type of its own, node_<id>."""
+    from ray._private import ray_constants
+    from ray._private.state import state
+    from ray.autoscaler._private.util import format_readonly_node_type
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    config = state.get_cluster_config()
+    if config and any(g.max_count == -1 or g.max_count > g.min_count for g in config.node_group_configs):
+        return True
+    status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    types = (json.loads(status).get("autoscaler_report") or {}).get("node_type_mapping") or {} if status else {}
+    return any(kind != format_readonly_node_type(node) for node, kind in types.items())
 
 
 def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
