@@ -110,10 +110,11 @@ def checkpoint_storage(cfg: JobConfig, run_dir: Path, run_id: str) -> tuple[str,
 
 
 def checkpoints_location(path: str) -> str:
-    """Where the run directory `path` keeps its checkpoints (storage_path/<run>-<run id> for a run with
-    checkpoint.storage_path, which may be a URI), or `path` itself (a checkpoint, a URI, a run without one)."""
+    """Where the run directory `path` keeps its checkpoints (storage_path/<run>-<run id> for a Ray Train run with
+    checkpoint.storage_path, which may be a URI), or `path` itself (a checkpoint, a URI, a run without one, or
+    one whose checkpoints are in it: torchrun and 1-worker sweep trials write them there)."""
     run_dir = Path(path)
-    if storage.is_uri(path) or not (run_dir / "config.yaml").is_file():
+    if storage.is_uri(path) or not (run_dir / "config.yaml").is_file() or any(run_dir.glob("train/step_*")):
         return path
     from raydl.overrides import load_config
 

@@ -119,3 +119,16 @@ def test_a_prepare_killed_halfway_leaves_no_manifest_and_no_dataset(s3_bucket, t
     with pytest.raises(DataError, match="has no manifest.json, so it is not a raydl dataset"):
         open_dataset(out)
     assert not (tmp_path / "s3:").exists()
+
+
+def test_the_builtin_dataset_is_generated_once_into_a_bucket_cache(s3_bucket, tmp_path, monkeypatch):
+    from raydl.data.dataset import resolve_path
+    from raydl.overrides import load_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, [f"data.cache_dir={s3_bucket}/cache", "data.builtin_samples=1024"])
+    path = resolve_path(cfg, "tokens")
+    assert path.startswith(f"{s3_bucket}/cache/tokens-") and open_dataset(path).rows("train") > 0
+    written = _objects(s3_bucket.removeprefix("s3://"), "cache/")
+    assert "manifest.json" in written and resolve_path(cfg, "tokens") == path      # the second call reuses it
+    assert _objects(s3_bucket.removeprefix("s3://"), "cache/") == written and os.listdir(tmp_path) == []
