@@ -164,9 +164,10 @@ def local_copy(location: str, field: str) -> Iterator[str]:
         shutil.rmtree(local, ignore_errors=True)
 
 
-def upload_dir(local: str, fs: pafs.FileSystem, path: str) -> None:
-    """Copy the local directory `local` to `path` in `fs`, file by file (streamed, not held in memory)."""
+def upload_dir(local: str, fs: pafs.FileSystem, path: str, *, last: str | None = None) -> None:
+    """Copy the local directory `local` to `path` in `fs`, file by file (streamed, not held in memory); the file
+    named `last` (a dataset's manifest.json) only once every other file is there."""
     names = [os.path.relpath(os.path.join(d, f), local) for d, _, files in os.walk(local) for f in files]
-    for name in names:
+    for name in sorted(names, key=lambda n: n == last):
         pafs.copy_files(os.path.join(local, name), f"{path.rstrip('/')}/{name}",
                         source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

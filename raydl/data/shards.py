@@ -132,14 +132,17 @@ class SplitReader:
     def _open_verified(self, shard: int) -> pa.NativeFile:
         path, sha256 = self.paths[shard], self.shards[shard].sha256
         f = self.fs.open_input_file(path)
-        if not isinstance(self.fs, pafs.LocalFileSystem):
+        mtime_ns = self.fs.get_file_info(path).mtime_ns or 0
+        remote = not isinstance(self.fs, pafs.LocalFileSystem)
+        if remote and sha256 and (path, f.size(), mtime_ns, sha256) not in _VERIFIED:
             # One download, hashed and then decoded from memory: hashing the remote file and then reading its
-            # row groups would fetch it twice (a shard is data.shard_rows rows, a few MB).
+            # row groups would fetch it twice (a shard is data.shard_rows rows, a few MB). Once checked, this
+            # process reads only the row groups it needs (Ray Data's read tasks open a shard for a few).
             with f:
                 f = pa.BufferReader(f.read_buffer())
         try:
             if sha256:      # hash the very file handle that is then read: what is checked is what is used
-                verify(f, path, expected=sha256, mtime_ns=self.fs.get_file_info(path).mtime_ns or 0)
+                verify(f, path, expected=sha256, mtime_ns=mtime_ns)
         except BaseException:
             f.close()
             raise

@@ -132,3 +132,23 @@ def test_the_builtin_dataset_is_generated_once_into_a_bucket_cache(s3_bucket, tm
     written = _objects(s3_bucket.removeprefix("s3://"), "cache/")
     assert "manifest.json" in written and resolve_path(cfg, "tokens") == path      # the second call reuses it
     assert _objects(s3_bucket.removeprefix("s3://"), "cache/") == written and os.listdir(tmp_path) == []
+
+
+def test_the_loader_reads_the_same_epoch_from_a_bucket_as_from_disk(s3_bucket, tmp_path):
+    """Shards downloaded once, checked against their sha256 and decoded from memory: the same rows, same order."""
+    from raydl.data.loader import StepLoader
+    from raydl.data.order import DataPosition
+    from raydl.data.prepare import prepare
+    from tests.unit.test_data_loader import make_dataset
+
+    local = make_dataset(tmp_path)
+    remote = f"{s3_bucket}/ds"
+    prepare("parquet", str(tmp_path / "src.parquet"), remote, shard_rows=512, progress=False)
+
+    def epoch(path: str) -> list[list[int]]:
+        loader = StepLoader(open_dataset(path), global_batch=64, dp_rank=0, dp_size=1, seed=0, shuffle=True,
+                            position=DataPosition(0, 0), prefetch=2, backend="arrow")
+        return [step.tensors["id"].tolist() for _, step in zip(range(loader.steps_per_epoch), loader)]
+
+    steps = epoch(remote)
+    assert len(steps) == 32 and steps == epoch(str(local))     # 2048 train rows in steps of 64
