@@ -149,19 +149,25 @@ def is_empty_or_missing(fs: pafs.FileSystem, path: str) -> bool:
 
 
 @contextlib.contextmanager
-def local_copy(location: str, field: str) -> Iterator[str]:
-    """A local directory holding what `location` holds: itself if local, else a download removed afterwards
-    (checkpoints are read, verified and loaded by code that works on local files: DCP, sha256 of files)."""
+def local_copy(location: str, field: str, *, only: tuple[str, ...] = ()) -> Iterator[str]:
+    """A local directory holding what `location` holds: itself if local, else a download of the same name,
+    removed afterwards (checkpoints are verified and loaded by code that works on local files: DCP, sha256
+    of files). `only`: download just the files of these names, wherever they are below `location`."""
     fs, path = resolve(location, field)
     if isinstance(fs, pafs.LocalFileSystem):
         yield path
         return
-    local = tempfile.mkdtemp(prefix="raydl-download-")
+    scratch = tempfile.mkdtemp(prefix="raydl-download-")
+    local = os.path.join(scratch, os.path.basename(path.rstrip("/")))
     try:
-        pafs.copy_files(path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+            if info.type == pafs.FileType.File and (not only or info.base_name in only):
+                target = os.path.join(local, os.path.relpath(info.path, path))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                pafs.copy_files(info.path, target, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
         yield local
     finally:
-        shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def upload_dir(local: str, fs: pafs.FileSystem, path: str, *, last: str | None = None) -> None:
