@@ -141,6 +141,14 @@ def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         f.write(data)
 
 
+def remove_dir(fs: pafs.FileSystem, path: str) -> None:
+    """Remove what a failed or interrupted writing left there (nothing, when it had written nothing)."""
+    try:
+        fs.delete_dir(path)
+    except OSError:
+        pass
+
+
 def is_empty_or_missing(fs: pafs.FileSystem, path: str) -> bool:
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:

@@ -19,6 +19,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import pyarrow.fs as pafs
+
     from raydl import report, storage
     from raydl.report.source import READS
 
@@ -27,10 +29,10 @@ def run(args) -> int:
         source = report.load(local)
         print(report.summary_table(source), flush=True)   # the table even where matplotlib is missing
         out = args.out or storage.join(args.source, report.PNG)
-        if storage.is_local(out):
-            log.info(f"wrote {report.write_png(source, out)}")
-            return 0
         fs, path = storage.resolve(out, "--out")
+        if isinstance(fs, pafs.LocalFileSystem):
+            log.info(f"wrote {report.write_png(source, path)}")
+            return 0
         with open(report.write_png(source, os.path.join(local, report.PNG)), "rb") as png:
             storage.write_bytes(fs, path, png.read())
         log.info(f"wrote {out}")

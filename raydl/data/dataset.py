@@ -164,14 +164,6 @@ def publish(staging: str, root: str) -> None:
     os.rename(staging, root)
 
 
-def discard(fs: pafs.FileSystem, staging: str) -> None:
-    """Remove what a failed or interrupted writing left (a killed one leaves shards without a manifest)."""
-    try:
-        fs.delete_dir(staging)
-    except OSError:   # nothing was written there yet
-        pass
-
-
 def ensure_builtin(cfg: JobConfig, task: str) -> str:
     """Generate the built-in dataset for `task` once (in data.cache_dir, a path or URI); safe if several
     processes race (the same rows, and the same files: the last writer's manifest wins)."""
@@ -194,7 +186,7 @@ def ensure_builtin(cfg: JobConfig, task: str) -> str:
     except OSError:
         if tmp == root or not storage.exists(fs, f"{root}/manifest.json"):
             raise
-        discard(fs, tmp)   # another process published it first
+        storage.remove_dir(fs, tmp)   # another process published it first
     return target
 
 

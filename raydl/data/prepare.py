@@ -33,7 +33,7 @@ import pyarrow.fs as pafs
 from raydl import storage
 from raydl.data import tokenizer as tokenizers
 from raydl.data.columns import is_variable_list
-from raydl.data.dataset import ShardWriter, discard, publish, read_footer, staging_dir, write_manifest
+from raydl.data.dataset import ShardWriter, publish, read_footer, staging_dir, write_manifest
 from raydl.data.input_files import Progress, list_sources, source_root
 from raydl.data.prepare_images import IMAGE_SIZE, image_rows
 from raydl.data.prepare_parquet import infer_meta, parquet_passthrough, parquet_task
@@ -83,8 +83,8 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
         with writing(out):
             write_manifest(fs, tmp, meta, splits)
             publish(tmp, target)
-    except BaseException:
-        discard(fs, tmp)
+    except BaseException:   # a SIGKILL leaves shards without a manifest, which is no dataset
+        storage.remove_dir(fs, tmp)
         raise
     finally:
         bar.close()

@@ -18,6 +18,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import torch
 
 from raydl import storage
@@ -32,7 +33,7 @@ def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Pat
     if fmt not in FORMATS:
         raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}", "use --format hf, pt2 or onnx")
     fs, remote = storage.check(out, "--out")
-    target = Path(os.path.abspath(out)) if storage.is_local(out) else None
+    target = Path(os.path.abspath(remote)) if isinstance(fs, pafs.LocalFileSystem) else None
     _refuse_existing(out, fs, remote)
     from raydl.export.trained import find_trained
 
@@ -60,15 +61,15 @@ def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Pat
     return target
 
 
-def _upload(staging: Path, fs, remote: str) -> None:
+def _upload(staging: Path, fs: pafs.FileSystem, remote: str) -> None:
     try:
         storage.upload_dir(str(staging), fs, remote)
     except BaseException:
-        fs.delete_dir(remote)
+        storage.remove_dir(fs, remote)
         raise
 
 
-def _refuse_existing(out: str, fs, path: str) -> None:
+def _refuse_existing(out: str, fs: pafs.FileSystem, path: str) -> None:
     if not storage.is_empty_or_missing(fs, path):
         raise ConfigError("--out", f"'{out}' already exists and is not an empty directory",
                           "choose a new directory (raydl export never writes over anything) or delete it")

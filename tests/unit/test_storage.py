@@ -152,3 +152,12 @@ def test_the_loader_reads_the_same_epoch_from_a_bucket_as_from_disk(s3_bucket, t
 
     steps = epoch(remote)
     assert len(steps) == 32 and steps == epoch(str(local))     # 2048 train rows in steps of 64
+
+
+def test_a_file_uri_is_the_local_path_it_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "plays.txt"
+    src.write_text(TEXT)
+    assert main(["-q", "data", "prepare", "--from", "text", str(src), "--out", f"file://{tmp_path}/ds"]) == 0
+    assert open_dataset(str(tmp_path / "ds")).meta["task"] == "tokens"
+    assert sorted(os.listdir(tmp_path)) == ["ds", "plays.txt"]          # no directory named file:
