@@ -75,7 +75,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
         ckpt.check_compatible(ckpt.read_state(resume_from), chosen.fingerprint(built), resume_from)
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
     run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
-    job = {"config": cfg.to_dict(), "data_path": data_path if storage.is_uri(data_path) else str(Path(data_path).resolve()),
+    local_data = not storage.is_uri(data_path)
+    job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
            "model": model, "import_dir": chosen.import_dir}
     return PreparedRun(cfg, run_dir, job)
