@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 
 from raydl.bench.fault_cluster import train_workers
@@ -23,6 +22,8 @@ from raydl.data.prepare import prepare
 from tests.helpers import committed_ids, epoch_ids
 from tests.unit.test_data_loader import make_dataset
 from tests.unit.test_data_prepare import write_texts
+
+boto3 = pytest.importorskip("boto3", reason="the S3 tests need raydl's [test] extra (moto[server], boto3)")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 RAYDL = str(Path(sys.executable).parent / "raydl")

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import boto3
 import pyarrow.fs as pafs
 import pytest
 
@@ -19,6 +18,8 @@ from raydl import storage
 from raydl.cli import main
 from raydl.data.dataset import open_dataset
 from raydl.errors import DataError
+
+boto3 = pytest.importorskip("boto3", reason="the S3 tests need raydl's [test] extra (moto[server], boto3)")
 
 TEXT = "To be, or not to be, that is the question.\n" * 400
 
