@@ -132,13 +132,14 @@ def can_add_nodes() -> bool:
     config shows each node as a read-only type of its own, node_<id>."""
     from ray._private import ray_constants
     from ray._private.state import state
+    from ray._private.worker import global_worker
     from ray.autoscaler._private.util import format_readonly_node_type
-    from ray.experimental.internal_kv import _internal_kv_get
 
     config = state.get_cluster_config()
     if config and any(g.max_count == -1 or g.max_count > g.min_count for g in config.node_group_configs):
         return True
-    status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    # This process's own GCS client: ray.experimental.internal_kv's is unset again by any ray.shutdown in it.
+    status = global_worker.gcs_client.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), None)
     types = (json.loads(status).get("autoscaler_report") or {}).get("node_type_mapping") or {} if status else {}
     return any(kind != format_readonly_node_type(node) for node, kind in types.items())
 
