@@ -5,14 +5,14 @@
     storage.check("s3://bucket/ckpt", "checkpoint.storage_path") # the bucket exists and answers, or exit 2
 
 Every command that takes a location (data prepare --out, data inspect, data.path, data.cache_dir,
-checkpoint.storage_path, --resume, export) goes through `resolve`, so a URI never becomes a local
-directory named `s3:`. pyarrow opens s3://, gs:// (gcs://), hdfs:// and file:// itself; any other
-scheme goes through fsspec when an fsspec implementation of it is installed. An S3 endpoint other than
-AWS (MinIO, moto, Ceph) is given by AWS_ENDPOINT_URL, which pyarrow reads, not in the URI, so that
-every URI raydl writes down (summary.json, resume commands) opens the same bucket again.
+checkpoint.storage_path, --resume, export, report) goes through `resolve`, so a URI never becomes a
+local directory named `s3:`. pyarrow opens s3://, gs:// (gcs://), hdfs:// and file:// itself; any
+other scheme goes through fsspec when an fsspec implementation of it is installed. An S3 endpoint
+other than AWS (MinIO, moto, Ceph) is given by AWS_ENDPOINT_URL, which pyarrow reads, not in the URI,
+so that a URI written down (`uri`) opens the same bucket again.
 
-Object stores have no atomic rename: what must appear whole (a dataset, a checkpoint) is written
-file by file with the file that marks it complete written last (raydl.data.prepare, raydl.train.checkpoint).
+Object stores have no atomic rename: a dataset is complete once its manifest, written last, is there
+(raydl.data.prepare); a checkpoint once every rank's files verify (raydl.train.checkpoint).
 """
 
 from __future__ import annotations
