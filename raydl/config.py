@@ -117,7 +117,12 @@ class TrainSection:
 class CheckpointSection:
     every_steps: int = _f(100, "Save a checkpoint every N steps (and at the end).")
     keep: int = _f(2, "Number of checkpoints to keep.")
-    storage_path: str = _f("", "Where checkpoints go: local path or pyarrow filesystem URI; empty = the run directory.")
+    storage_path: str = _f("", "Where checkpoints go: a local path or a URI (s3://, gs://, any pyarrow or fsspec "
+                           "filesystem); empty = the run directory. On a cluster of several nodes (or an autoscaling "
+                           "one) it must be a URI, or a path every node mounts (see shared_local).")
+    shared_local: bool = _f(False, "The local checkpoint path (storage_path, or the run directory) is on storage every "
+                            "node mounts (NFS): lets a multi-node or autoscaling cluster checkpoint there. Without it "
+                            "such a run is refused, since a node that dies takes its local disk with it.")
 
 
 @dataclass(kw_only=True)

@@ -47,3 +47,15 @@ def ray_session():
         k: os.environ[k] for k in ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch) -> str:
+    """A fresh bucket on a real S3 server (moto's, on loopback) for one test: returns "s3://<bucket>".
+    The AWS_* env vars point pyarrow (raydl's and Ray's), boto3 and every process started from here at it."""
+    from tests.s3 import S3Server
+
+    with S3Server() as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        yield server.new_bucket()

@@ -1,13 +1,16 @@
 """raydl bench ingest: parquet token rows -> torch tensors, plain pyarrow vs raydl's loader paths.
 
     raydl bench ingest [--rows 51200] [--seq-len 512] [--epochs 6] [--repeats 5] [--variants ...]
-                       [--dp 2,4] [--summary RUN/summary.json ...]
+                       [--dp 2,4] [--summary RUN/summary.json ...] [--remote s3://BUCKET/PATH]
 
 Generates (once) a raydl dataset of random token rows (input_ids + labels, int32; 51,200 x
 512 = 210 MB raw) under --dir (default /tmp), then times `--epochs` consecutive epochs of:
   pyarrow        ParquetFile.iter_batches(batch) -> torch.from_numpy, one process, file order
   arrow          one raydl StepLoader, data.backend=arrow (shuffled lanes of row groups, prefetch thread), 1 rank
   ray            one raydl StepLoader, data.backend=ray (Ray Data read tasks, one execution for several epochs), 1 rank
+  arrow-remote, ray-remote   the same two, reading a copy of the dataset at --remote (a bucket: object-store
+                 latency and bandwidth, which the loaders' prefetch is there to hide); their ratio to the
+                 local read is printed too
 Each variant runs in its own process; the first epoch is cold (for ray it includes starting
 Ray's worker processes), the median of the rest is the run's rows/s. The variants alternate for
 --repeats runs; prints each variant's median rows/s and its ratio to pyarrow's (ratio of medians, and the
@@ -34,11 +37,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from raydl.bench import harness
 from raydl.errors import ConfigError
 
 VARIANTS = ("pyarrow", "arrow", "ray")   # pyarrow first: the others are divided by it
+REMOTE = "-remote"   # a variant reading the copy at --remote
 
 
 def make_dataset(root: Path, rows: int, seq_len: int) -> Path:
@@ -58,9 +63,10 @@ def make_dataset(root: Path, rows: int, seq_len: int) -> Path:
                             "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(x[:, :-1].ravel()), seq_len),
                             "labels": pa.FixedSizeListArray.from_arrays(pa.array(x[:, 1:].ravel()), seq_len)})
 
-    splits = {"train": write_split(tmp, "train", tables(0, rows), shard_rows=3200),
-              "eval": write_split(tmp, "eval", tables(rows, rows + 256), shard_rows=3200)}
-    write_manifest(tmp, {"task": "tokens", "vocab_size": 50257, "seq_len": seq_len}, splits)
+    fs = pafs.LocalFileSystem()
+    splits = {"train": write_split(fs, str(tmp), "train", tables(0, rows), shard_rows=3200),
+              "eval": write_split(fs, str(tmp), "eval", tables(rows, rows + 256), shard_rows=3200)}
+    write_manifest(fs, str(tmp), {"task": "tokens", "vocab_size": 50257, "seq_len": seq_len}, splits)
     tmp.rename(target)
     return target
 
@@ -78,7 +84,16 @@ def epoch_pyarrow(path: Path, batch: int) -> int:
     return rows
 
 
-def epochs_loader(path: Path, batch: int, backend: str, epochs: int) -> tuple[int, list[float]]:
+def copy_to_remote(path: Path, remote: str) -> None:
+    """The benchmark dataset at `remote` too (once): shards first, the manifest last, as prepare writes it."""
+    from raydl import storage
+
+    fs, root = storage.check(remote, "--remote")
+    if not storage.exists(fs, f"{root}/manifest.json"):
+        storage.upload_dir(str(path), fs, root, last="manifest.json")
+
+
+def epochs_loader(path: Path | str, batch: int, backend: str, epochs: int) -> tuple[int, list[float]]:
     """One loader over `epochs` epochs, as training uses it: (rows per epoch, seconds per epoch)."""
     from raydl.data.dataset import open_dataset
     from raydl.data.loader import StepLoader, epoch_steps
@@ -161,8 +176,8 @@ def decode_shares(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     return {"dataset_decoded_bytes": total, "by_dp": out}
 
 
-def run_variant(variant: str, path: Path, batch: int, epochs: int) -> dict[str, Any]:
-    """In this process: `epochs` timed epochs of one variant."""
+def run_variant(variant: str, path: Path | str, batch: int, epochs: int) -> dict[str, Any]:
+    """In this process: `epochs` timed epochs of one variant (`path`: the dataset it reads, local or remote)."""
     import torch
 
     torch.set_num_threads(1)
@@ -177,7 +192,7 @@ def run_variant(variant: str, path: Path, batch: int, epochs: int) -> dict[str, 
             rows = epoch_pyarrow(path, batch)
             times.append(time.perf_counter() - t0)
     else:
-        rows, times = epochs_loader(path, batch, variant, epochs)
+        rows, times = epochs_loader(path, batch, variant.removesuffix(REMOTE), epochs)
     warm = statistics.median(times[1:] or times)
     return {"rows_per_s": rows / warm, "warm_epoch_s": warm, "cold_epoch_s": times[0], "rows": rows, "epoch_s": times}
 
@@ -195,8 +210,9 @@ def variant_side(variant: str, args: argparse.Namespace) -> harness.Side:
 
 def own_command(args: argparse.Namespace, *internal: str) -> list[str]:
     """This benchmark, on the same dataset, for one internal part (a variant, a rank) in a process of its own."""
+    remote = ["--remote", args.remote] if args.remote else []
     return [sys.executable, "-m", "raydl.bench.ingest", *internal, "--rows", str(args.rows), "--seq-len",
-            str(args.seq_len), "--batch", str(args.batch), "--epochs", str(args.epochs), "--dir", args.dir]
+            str(args.seq_len), "--batch", str(args.batch), "--epochs", str(args.epochs), "--dir", args.dir, *remote]
 
 
 def last_json_line(p: subprocess.Popen, what: str) -> dict[str, Any]:
@@ -234,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summary", nargs="*", default=[], help="Training runs' summary.json files, for their data-wait share.")
     p.add_argument("--dp", type=dp_sizes, default=[2, 4],
                    help="Data-parallel sizes whose per-rank decoded bytes are measured (one process per rank).")
+    p.add_argument("--remote", help="Also time the arrow and ray variants reading a copy of the dataset at this "
+                   "URI (s3://BUCKET/PATH; the endpoint from AWS_ENDPOINT_URL), made once.")
     p.add_argument("--variant", help=argparse.SUPPRESS)   # internal: run one variant in this process
     p.add_argument("--rank", help=argparse.SUPPRESS)      # internal: one epoch as rank R/DP in this process
     args = harness.parse_args(p, argv)
@@ -244,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                           "use data-parallel sizes that divide the global batch")
     path = make_dataset(Path(args.dir), args.rows, args.seq_len)
     if args.variant:
-        print(json.dumps(run_variant(args.variant, path, args.batch, args.epochs)))
+        source = args.remote if args.variant.endswith(REMOTE) else path
+        print(json.dumps(run_variant(args.variant, source, args.batch, args.epochs)))
         return 0
     if args.rank:
         dp_rank, dp_size = map(int, args.rank.split("/"))
@@ -252,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     session = harness.Session("ingest", args)
     variants = ["pyarrow", *(v for v in args.variants if v != "pyarrow")]
+    if args.remote:
+        copy_to_remote(path, args.remote)
+        variants += [v + REMOTE for v in variants if v != "pyarrow"]
     runs = harness.alternate({v: variant_side(v, args) for v in variants}, args.repeats)
     rates = {v: [r["rows_per_s"] for r in variant_runs] for v, variant_runs in runs.items()}
     ratios = {v: harness.ratio_of_medians(rates[v], rates["pyarrow"]) for v in variants}
@@ -259,11 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         print(harness.describe(v, harness.summary(rates[v]), " rows/s") + f"; ratio to pyarrow {ratios[v]:.2f}")
         print(harness.describe(f"  {v} / pyarrow, round by round", paired[v]))
+    remote = {v: harness.ratio_of_medians(rates[v + REMOTE], rates[v]) for v in variants if v + REMOTE in rates}
+    for v, ratio in remote.items():
+        print(f"[bench] {v} reading --remote: {ratio:.2f} of its rows/s reading the local copy")
     size = sum(f.stat().st_size for f in path.glob("train-*.parquet"))
     session.write(dataset={"path": str(path), "rows": args.rows, "seq_len": args.seq_len, "batch": args.batch,
                            "raw_mb": args.rows * args.seq_len * 4 * 2 / 1e6, "disk_mb": size / 1e6},
                   variants={v: harness.summarize(variant_runs) for v, variant_runs in runs.items()},
-                  ratio_to_pyarrow=ratios, paired_ratio_to_pyarrow=paired, training_data_wait_frac=data_wait_shares(args.summary),
+                  ratio_to_pyarrow=ratios, paired_ratio_to_pyarrow=paired, remote=args.remote,
+                  remote_to_local=remote, training_data_wait_frac=data_wait_shares(args.summary),
                   decoded_per_rank=decode_shares(args, path))
     return 0
 

@@ -11,13 +11,17 @@ User errors (RaydlError) print one paragraph and exit 2; nothing is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
 from raydl import log
+from raydl.cli import output
 from raydl.errors import RaydlError
 
 COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "report", "profile")
+# Commands that run Ray or the user's model code, whose stdout is their result alone (raydl.cli.output).
+RESULT_COMMANDS = ("train", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log.configure(args.verbosity)
     try:
-        return args.func(args) or 0
+        with output.results_only() if args.command in RESULT_COMMANDS else contextlib.nullcontext():
+            return args.func(args) or 0
     except RaydlError as e:
         print(f"raydl: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from raydl.cli import output
 from raydl.cli.common import add_config_args, config_from_args, parser_kwargs
 from raydl.errors import ConfigError
 
@@ -64,8 +65,9 @@ def _plan_layouts(args, cfg, profiled) -> int:
     memory = int(args.memory_gb * 2**30) if args.memory_gb else device_memory_bytes(profiled.device, args.workers)
     best, candidates = plan_layouts(profile, cfg, world_size=args.workers, memory_bytes=memory)
     print(f"{len(profile.blocks)} blocks profiled on {profiled.device.type} at micro-batch {profile.micro_batch}; "
-          f"{memory / 2**30:.1f} GiB per worker; micro-batches below {min_micro_batch(cfg)} not chosen")
-    print(format_table(candidates, best))
+          f"{memory / 2**30:.1f} GiB per worker; micro-batches below {min_micro_batch(cfg)} not chosen",
+          file=output.result())
+    print(format_table(candidates, best), file=output.result())
     return 0
 
 
@@ -88,6 +90,7 @@ def _plan_cluster(args, cfg, profiled) -> int:
           f"{measured.profile.micro_batch}, {cfg.train.precision}, optimizer step {1e3 * measured.optimizer_s:.1f} ms; "
           f"another GPU is taken to run the model's FLOPs at {cluster_plan.GPU_MFU:.0%} of its dense peak; prices: "
           f"{table.path} (list prices, check them); head ${head_usd:.3f}/h; start-up "
-          f"{cluster_plan.START_UP_S / 60:.0f} min; assumptions: raydl/parallel/cluster_plan.py")
-    print(cluster_plan_table.format_plan(plan, steps=steps, deadline_s=deadline_s, budget_usd=args.budget))
+          f"{cluster_plan.START_UP_S / 60:.0f} min; assumptions: raydl/parallel/cluster_plan.py", file=output.result())
+    print(cluster_plan_table.format_plan(plan, steps=steps, deadline_s=deadline_s, budget_usd=args.budget),
+          file=output.result())
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from raydl.cli import output
 from raydl.cli.common import add_config_args, parser_kwargs
 
 
@@ -19,6 +20,6 @@ def run(args) -> int:
     from raydl import api
 
     summary = api.train(args.config, overrides=args.overrides, address=args.address, resume=args.resume)
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1), file=output.result())
     signum = summary.get("stopped_by_signal", 0)
     return 128 + signum if signum else 0

@@ -4,18 +4,20 @@
     <dir>/train-00000.parquet ...   each shard has an `id` column (stable sample id) and row groups
     <dir>/eval-00000.parquet  ...   of `ROW_GROUP_ROWS` rows, the unit the loader reads and shuffles.
 
-`path` may be local or any pyarrow filesystem URI (s3://, gs://, hdfs://).
+`path` may be local or any URI raydl.storage opens (s3://, gs://, hdfs://, fsspec's). A dataset appears
+whole or not at all: locally it is written beside its directory and renamed into place; on an object
+store (no rename) its shards are written first and manifest.json, which makes it a dataset, last.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
-import shutil
 import uuid
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raydl.checksum import sha256_file
+from raydl import storage
 from raydl.config import JobConfig
 from raydl.data.builtin import GENERATORS
 from raydl.data.columns import MASK_SUFFIX, VARIABLE, describe
@@ -53,7 +55,7 @@ class DatasetInfo:
         return sum(s.rows for s in self.splits[split])
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        return _fs(self.root)
+        return storage.resolve(self.root, "data.path")
 
     @functools.cached_property
     def shard_paths(self) -> dict[str, tuple[str, ...]]:
@@ -84,8 +86,8 @@ class DatasetInfo:
 class ShardWriter:
     """Writes a stream of tables as shards of `shard_rows` rows; holds at most one shard in memory."""
 
-    def __init__(self, root: Path, split: str, *, shard_rows: int):
-        self.root, self.split, self.shard_rows = root, split, shard_rows
+    def __init__(self, fs: pafs.FileSystem, root: str, split: str, *, shard_rows: int):
+        self.fs, self.root, self.split, self.shard_rows = fs, root, split, shard_rows
         self.shards: list[dict[str, Any]] = []
         self.schema: pa.Schema | None = None
         self._buffer: list[pa.Table] = []
@@ -109,16 +111,21 @@ class ShardWriter:
         table = pa.concat_tables(self._buffer)
         self.schema = self.schema or table.schema
         name = f"{self.split}-{len(self.shards):05d}.parquet"
-        pq.write_table(table, self.root / name, row_group_size=ROW_GROUP_ROWS)
+        # Encoded in memory (a shard is held whole anyway) and hashed there: no second read of the file,
+        # which on an object store would be a second download.
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=ROW_GROUP_ROWS)
+        data = sink.getvalue()
+        storage.write_bytes(self.fs, f"{self.root}/{name}", data)
         groups = [min(ROW_GROUP_ROWS, table.num_rows - i) for i in range(0, table.num_rows, ROW_GROUP_ROWS)]
         self.shards.append({"file": name, "rows": table.num_rows, "row_groups": groups,
-                            "sha256": sha256_file(self.root / name)})
+                            "sha256": hashlib.sha256(data).hexdigest()})
         self._buffer, self._rows = [], 0
 
 
-def write_split(root: Path, split: str, tables, *, shard_rows: int) -> list[dict[str, Any]]:
+def write_split(fs: pafs.FileSystem, root: str, split: str, tables, *, shard_rows: int) -> list[dict[str, Any]]:
     """Write an iterable of tables as shards of `shard_rows` rows; returns manifest entries."""
-    writer = ShardWriter(root, split, shard_rows=shard_rows)
+    writer = ShardWriter(fs, root, split, shard_rows=shard_rows)
     for table in tables:
         writer.add(table)
     return writer.close()
@@ -128,42 +135,63 @@ def schema_dict(schema: pa.Schema) -> dict[str, str]:
     return {f.name: str(f.type) for f in schema}
 
 
-def write_manifest(root: Path, meta: dict[str, Any], splits: dict[str, list[dict[str, Any]]]) -> None:
+def write_manifest(fs: pafs.FileSystem, root: str, meta: dict[str, Any],
+                   splits: dict[str, list[dict[str, Any]]]) -> None:
+    """Written after every shard: a dataset without it is not one (the last step of a dataset's writing)."""
     first = next(s for shards in splits.values() for s in shards)
-    manifest = {"format": FORMAT, **meta, "schema": schema_dict(pq.read_schema(root / first["file"])),
+    schema = read_footer(fs, f"{root}/{first['file']}").schema.to_arrow_schema()
+    manifest = {"format": FORMAT, **meta, "schema": schema_dict(schema),
                 "rows": sum(s["rows"] for v in splits.values() for s in v),
                 "splits": {k: {"rows": sum(s["rows"] for s in v), "shards": v} for k, v in splits.items()}}
-    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    storage.write_bytes(fs, f"{root}/manifest.json", json.dumps(manifest, indent=1).encode())
+
+
+def staging_dir(fs: pafs.FileSystem, root: str) -> str:
+    """Where a dataset bound for `root` is written: a hidden local sibling that `publish` renames (atomic), or
+    on an object store `root` itself, where the manifest written last is what publishes it."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return root
+    parent, name = os.path.split(os.path.abspath(root))
+    return os.path.join(parent, f".{name}.{uuid.uuid4().hex[:8]}")
+
+
+def publish(staging: str, root: str) -> None:
+    """Make the dataset written (manifest last) in `staging` visible at `root`, which is missing or empty."""
+    if staging == root:
+        return
+    if os.path.isdir(root):
+        os.rmdir(root)
+    os.rename(staging, root)
 
 
 def ensure_builtin(cfg: JobConfig, task: str) -> str:
-    """Generate the built-in dataset for `task` once; safe if several processes race."""
+    """Generate the built-in dataset for `task` once (in data.cache_dir, a path or URI); safe if several
+    processes race (the same rows, and the same files: the last writer's manifest wins)."""
     d = cfg.data
-    target = Path(d.cache_dir) / f"{task}-seed{cfg.train.seed}-n{d.builtin_samples}-s{d.shard_rows}"
-    if (target / "manifest.json").exists():
-        return str(target)
+    target = storage.join(d.cache_dir, f"{task}-seed{cfg.train.seed}-n{d.builtin_samples}-s{d.shard_rows}")
+    fs, root = storage.check(target, "data.cache_dir")
+    if storage.exists(fs, f"{root}/manifest.json"):
+        return target
     make_table, meta = GENERATORS[task]
     num_eval = max(ROW_GROUP_ROWS, int(d.builtin_samples * d.eval_fraction))
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
+    tmp = staging_dir(fs, root)
+    fs.create_dir(tmp)
     ids = np.arange(d.builtin_samples)
     batches = lambda sel: (make_table(sel[i:i + 4096], cfg.train.seed) for i in range(0, len(sel), 4096))
-    splits = {"train": write_split(tmp, "train", batches(ids[num_eval:]), shard_rows=d.shard_rows),
-              "eval": write_split(tmp, "eval", batches(ids[:num_eval]), shard_rows=d.shard_rows)}
-    write_manifest(tmp, meta, splits)
     try:
-        os.rename(tmp, target)   # atomic publish: readers see all of it or nothing
-    except OSError:              # another process won the race
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
+        splits = {"train": write_split(fs, tmp, "train", batches(ids[num_eval:]), shard_rows=d.shard_rows),
+                  "eval": write_split(fs, tmp, "eval", batches(ids[:num_eval]), shard_rows=d.shard_rows)}
+        write_manifest(fs, tmp, meta, splits)
+        publish(tmp, root)
+    except OSError:
+        if tmp == root or not storage.exists(fs, f"{root}/manifest.json"):
+            raise
+        storage.remove_dir(fs, tmp)   # another process published it first
+    return target
 
 
 def resolve_path(cfg: JobConfig, task: str) -> str:
     return ensure_builtin(cfg, task) if cfg.data.path == "builtin" else cfg.data.path
-
-
-def _fs(path: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
 
 
 def is_parquet(fs: pafs.FileSystem, path: str) -> bool:
@@ -195,7 +223,7 @@ def _not_a_dataset(path: str, fs: pafs.FileSystem, root: str, kind: pafs.FileTyp
 
 
 def open_dataset(path: str) -> DatasetInfo:
-    fs, root = _fs(path)
+    fs, root = storage.check(path, "data.path")
     kind = fs.get_file_info(root).type
     if kind == pafs.FileType.NotFound:
         raise DataError(f"data.path '{path}' does not exist. Fix: point data.path at a dataset directory made by "

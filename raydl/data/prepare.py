@@ -13,28 +13,27 @@ has its module: raydl.data.prepare_text (text, jsonl, a parquet text column),
 raydl.data.prepare_images, raydl.data.prepare_parquet (tables passed through).
 
 Every row gets a stable `id` (its index in the output stream; re-preparing the same inputs
-gives the same ids); every `EVAL_EVERY`-th id goes to the held-out eval split. The output is
-written to a temporary sibling directory and renamed at the end: all of it or nothing.
+gives the same ids); every `EVAL_EVERY`-th id goes to the held-out eval split. --out is a path or a
+URI (s3://, gs://, ...: raydl.storage). The dataset appears all of it or nothing: locally it is written
+to a hidden sibling directory renamed at the end; on an object store the shards go straight to --out
+and manifest.json, without which it is no dataset, last.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import uuid
-from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pyarrow.fs as pafs
 
+from raydl import storage
 from raydl.data import tokenizer as tokenizers
 from raydl.data.columns import is_variable_list
-from raydl.data.dataset import ShardWriter, write_manifest
+from raydl.data.dataset import ShardWriter, publish, read_footer, staging_dir, write_manifest
 from raydl.data.input_files import Progress, list_sources, source_root
 from raydl.data.prepare_images import IMAGE_SIZE, image_rows
 from raydl.data.prepare_parquet import infer_meta, parquet_passthrough, parquet_task
@@ -54,20 +53,20 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
         raise DataError(f"--from {kind!r} is not one of {', '.join(KINDS)}. Fix: pick one of them.")
     if shard_rows <= 0 or seq_len <= 0:
         raise DataError(f"--shard-rows {shard_rows} and --seq-len {seq_len} must be positive. Fix: use values > 0.")
-    target = Path(os.path.abspath(out))
-    _check_out(out, target)
+    fs, target = storage.check(out, "--out")
+    _check_out(out, fs, target)
     files = list_sources(src, kind)
     bar = Progress(len(files), enabled=progress)
     task = parquet_task(files, column, keep_columns=keep_columns) if kind == "parquet" else {"images": "images"}.get(kind, "text")
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    tmp = staging_dir(fs, target)
     try:
         with writing(out):
-            tmp.mkdir(parents=True)
+            fs.create_dir(tmp)
         if task == "text":
             training = (text for text, _ in text_pieces(kind, files, column, Progress(len(files), enabled=False)))
             tok = tokenizers.load(tokenizer, vocab_size=vocab_size, training_texts=training)
             with writing(out):
-                saved = tok.save(tmp)
+                saved = tok.save(fs, tmp)
             rows, meta = token_rows(text_pieces(kind, files, column, bar), tok, seq_len), {
                 "task": "tokens", "seq_len": seq_len, **saved}
         elif kind == "images":
@@ -76,34 +75,36 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
                     "classes": classes}
         else:
             rows, meta = parquet_passthrough(files, bar, check_ids=task != "table"), {}
-        splits, stats = write_rows(tmp, rows, shard_rows, bar, out=out)
+        splits, stats = write_rows(fs, tmp, rows, shard_rows, bar, out=out)
         if not meta:
-            meta = infer_meta(task, pq.read_schema(tmp / splits["train"][0]["file"]), stats)
+            schema = read_footer(fs, f"{tmp}/{splits['train'][0]['file']}").schema.to_arrow_schema()
+            meta = infer_meta(task, schema, stats)
         meta["source"] = {"from": kind, "src": src, "files": len(files), "eval_every": EVAL_EVERY}
         with writing(out):
-            write_manifest(tmp, meta, splits)
-            if target.exists():
-                target.rmdir()
-            os.rename(tmp, target)
+            write_manifest(fs, tmp, meta, splits)
+            publish(tmp, target)
+    except BaseException:   # a SIGKILL leaves shards without a manifest, which is no dataset
+        storage.remove_dir(fs, tmp)
+        raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         bar.close()
-    return json.loads((target / "manifest.json").read_text())
+    return json.loads(storage.read_bytes(fs, f"{target}/manifest.json"))
 
 
-def _check_out(out: str, target: Path) -> None:
-    if target.exists() and not target.is_dir():
+def _check_out(out: str, fs: pafs.FileSystem, target: str) -> None:
+    if fs.get_file_info(target).type == pafs.FileType.File:
         raise DataError(f"--out '{out}' is an existing file, not a directory. Fix: give a new directory path for "
                         f"the dataset (raydl never writes over a file).")
-    if target.exists() and any(target.iterdir()):
-        raise DataError(f"--out '{out}' already exists and is not empty. Fix: choose a new directory (raydl never "
-                        f"writes over a dataset) or delete it.")
+    if not storage.is_empty_or_missing(fs, target):
+        raise DataError(f"--out '{out}' already exists and is not empty (on an object store: perhaps the shards of "
+                        f"a prepare that was interrupted, which left no manifest.json). Fix: choose a new directory "
+                        f"(raydl never writes over a dataset) or delete it.")
 
 
 @contextlib.contextmanager
 def writing(out: str) -> Iterator[None]:
-    """An OSError while writing the dataset (a full or read-only disk) as one DataError naming --out.
-    The dataset is written beside --out and renamed at the end, so a failure leaves nothing there."""
+    """An OSError while writing the dataset (a full or read-only disk, a failed upload) as one DataError naming
+    --out. What was written is removed on the way out (`prepare`), so a failure leaves nothing there."""
     try:
         yield
     except OSError as e:
@@ -112,10 +113,10 @@ def writing(out: str) -> Iterator[None]:
                         f"removed).") from None
 
 
-def write_rows(root: Path, rows: Iterable[pa.Table], shard_rows: int, bar: Progress, *,
+def write_rows(fs: pafs.FileSystem, root: str, rows: Iterable[pa.Table], shard_rows: int, bar: Progress, *,
                out: str) -> tuple[dict, dict]:
     """Number the rows, route every EVAL_EVERY-th to eval, write both splits; also streams maxima for metadata."""
-    writers = {s: ShardWriter(root, s, shard_rows=shard_rows) for s in ("train", "eval")}
+    writers = {s: ShardWriter(fs, root, s, shard_rows=shard_rows) for s in ("train", "eval")}
     next_id, stats = 0, {"max_token": 0, "max_label": 0}
     for table in rows:
         ids = np.arange(next_id, next_id + table.num_rows, dtype=np.int64)

@@ -10,8 +10,9 @@ backend calls it in the training process's prefetch thread (raydl.data.loader), 
 Ray Data read tasks (raydl.data.ray_source).
 
 Each shard is checked against its sha256 in the manifest when a process first opens it: the
-whole file is hashed on the reading thread (the prefetch thread or a read task, so it overlaps
-training) before any of its rows are used, and once per process, shard and file version.
+whole file (from an object store: downloaded once, into memory) is hashed on the reading thread
+(the prefetch thread or a read task, so it overlaps training) before any of its rows are used, and
+once per process, shard and file version.
 
 A shard that cannot be read or does not match its checksum fails with a DataError naming it,
 unless `data.max_bad_shards` allows skipping it: then its rows are masked placeholders (id -1,
@@ -26,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
@@ -130,9 +132,17 @@ class SplitReader:
     def _open_verified(self, shard: int) -> pa.NativeFile:
         path, sha256 = self.paths[shard], self.shards[shard].sha256
         f = self.fs.open_input_file(path)
+        mtime_ns = self.fs.get_file_info(path).mtime_ns or 0
+        remote = not isinstance(self.fs, pafs.LocalFileSystem)
+        if remote and sha256 and (path, f.size(), mtime_ns, sha256) not in _VERIFIED:
+            # One download, hashed and then decoded from memory: hashing the remote file and then reading its
+            # row groups would fetch it twice (a shard is data.shard_rows rows, a few MB). Once checked, this
+            # process reads only the row groups it needs (Ray Data's read tasks open a shard for a few).
+            with f:
+                f = pa.BufferReader(f.read_buffer())
         try:
             if sha256:      # hash the very file handle that is then read: what is checked is what is used
-                verify(f, path, expected=sha256, mtime_ns=self.fs.get_file_info(path).mtime_ns or 0)
+                verify(f, path, expected=sha256, mtime_ns=mtime_ns)
         except BaseException:
             f.close()
             raise

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import pyarrow.fs as pafs
 
+from raydl import storage
 from raydl.errors import DataError, one_line
 
 EOS_TOKEN = "<|endoftext|>"
@@ -28,7 +30,7 @@ class ByteTokenizer:
     def encode(self, texts: list[bytes]) -> list[np.ndarray]:
         return [np.frombuffer(t, np.uint8).astype(np.int32) for t in texts]
 
-    def save(self, root: Path) -> dict:
+    def save(self, fs: pafs.FileSystem, root: str) -> dict:
         return {"tokenizer": self.name, "vocab_size": self.vocab_size, "eos": self.eos}
 
 
@@ -44,8 +46,9 @@ class BpeTokenizer:
         encodings = self.tokenizer.encode_batch([t.decode("utf-8", errors="replace") for t in texts])
         return [np.asarray(e.ids, np.int32) for e in encodings]
 
-    def save(self, root: Path) -> dict:
-        (root / "tokenizer.json").write_text(self.tokenizer.to_str(pretty=True))   # an OSError if the disk fails
+    def save(self, fs: pafs.FileSystem, root: str) -> dict:
+        # an OSError if the disk or the upload fails
+        storage.write_bytes(fs, f"{root}/tokenizer.json", self.tokenizer.to_str(pretty=True).encode())
         return {"tokenizer": self.name, "vocab_size": self.vocab_size, "eos": self.eos,
                 "tokenizer_file": "tokenizer.json"}
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from raydl import storage
 from raydl.config import JobConfig, default_run_dir
 from raydl.metrics.tensorboard import require_installed
 from raydl.errors import ConfigError
@@ -57,6 +58,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     `model`: a spec object (raydl.train(model=...)) that replaces model.name; it travels in the
     job, pickled by Ray."""
     require_installed(cfg)
+    if cfg.checkpoint.storage_path:   # a bucket that is missing or refuses us fails here, not at the first upload
+        storage.check(cfg.checkpoint.storage_path, "checkpoint.storage_path")
     Pricing.for_config(cfg)     # a cost.instance_type missing from the price table fails here, not mid-run
     chosen = choose_model(cfg.model, model)
     info = chosen.open_dataset(cfg)
@@ -68,11 +71,12 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     if resume:
         from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
 
-        resume_from = ckpt.resolve_resume(resume)
+        resume_from = ckpt.resolve_resume(checkpoints_location(resume))
         ckpt.check_compatible(ckpt.read_state(resume_from), chosen.fingerprint(built), resume_from)
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
     run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
-    job = {"config": cfg.to_dict(), "data_path": data_path if "://" in data_path else str(Path(data_path).resolve()),
+    local_data = not storage.is_uri(data_path)
+    job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
            "model": model, "import_dir": chosen.import_dir}
     return PreparedRun(cfg, run_dir, job)
@@ -96,6 +100,29 @@ def claim_run_dir(run_dir: Path, cfg: JobConfig, *, reuse_same_config: bool, wri
     run_id = uuid.uuid4().hex[:12]
     (run_dir / RUN_ID_FILE).write_text(run_id)
     return run_id
+
+
+def checkpoint_storage(cfg: JobConfig, run_dir: Path, run_id: str) -> tuple[str, str]:
+    """(storage_path, name) of Ray Train's RunConfig: a run's checkpoints go to storage_path/name/step_N."""
+    if not cfg.checkpoint.storage_path:
+        return str(run_dir), "train"
+    # A shared storage path holds many runs: the run id keeps two runs of one basename apart.
+    return cfg.checkpoint.storage_path, f"{run_dir.name}-{run_id}"
+
+
+def checkpoints_location(path: str) -> str:
+    """Where the run directory `path` keeps its checkpoints (storage_path/<run>-<run id> for a Ray Train run with
+    checkpoint.storage_path, which may be a URI), or `path` itself (a checkpoint, a URI, a run without one, or
+    one whose checkpoints are in it: torchrun and 1-worker sweep trials write them there)."""
+    run_dir = Path(path)
+    if storage.is_uri(path) or not (run_dir / "config.yaml").is_file() or any(run_dir.glob("train/step_*")):
+        return path
+    from raydl.overrides import load_config
+
+    cfg = load_config(str(run_dir / "config.yaml"), [])
+    if not cfg.checkpoint.storage_path:
+        return path
+    return storage.join(*checkpoint_storage(cfg, run_dir, read_run_id(run_dir)))
 
 
 def read_run_id(run_dir: Path) -> str:

@@ -13,9 +13,11 @@ import time
 from typing import Any
 
 from raydl import log as raydl_log
+from raydl import storage
 from raydl.config import JobConfig
 from raydl.driver.cluster_watch import LocalRayletWatch
-from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
+from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_location, prepare_run,
+                                  remove_if_never_started)
 from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
 from raydl.errors import ClusterLost, ConfigError, one_line
@@ -34,6 +36,8 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         # After a node loss Ray first retries the stale, larger size until this times out (measured: raydl bench recovery).
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(cfg.scaling.worker_start_timeout_s),
         **raydl_log.worker_env(),
+        # The bucket's endpoint and region, as the driver sees them (local Ray workers inherit the rest).
+        **{k: os.environ[k] for k in storage.FORWARDED_ENV if k in os.environ},
     }
     # Train patches print() on workers to tee into its logger too: every raydl line would show twice.
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
@@ -103,6 +107,44 @@ def check_cluster_fits(cfg: JobConfig, per_worker: dict[str, float], *, can_grow
                       "(an autoscaling cluster: raise scaling.fit_timeout_s)")
 
 
+def check_shared_checkpoints(cfg: JobConfig) -> None:
+    """Refuse local checkpoint storage on a cluster of several nodes, or one that may add some: a node that
+    dies takes its local disk, and the checkpoint shards its workers wrote there, with it."""
+    import ray
+
+    c = cfg.checkpoint
+    if not storage.is_local(c.storage_path) or c.shared_local:
+        return
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if nodes <= 1 and not can_add_nodes():
+        return
+    where = f"'{c.storage_path}', a local path" if c.storage_path else "empty (the run directory, a local path)"
+    cluster = f"{nodes} nodes" if nodes > 1 else "an autoscaler that can add nodes"
+    raise ConfigError("checkpoint.storage_path", f"is {where}, but the cluster has {cluster}: a node that dies "
+                      "takes its local disk with it, and the checkpoints with it",
+                      "set checkpoint.storage_path to a bucket every node reaches (s3://BUCKET/PATH, gs://BUCKET/PATH), "
+                      "or, if that path is on storage every node mounts (NFS), set checkpoint.shared_local=true")
+
+
+def can_add_nodes() -> bool:
+    """Whether an autoscaler with node types to launch watches this cluster. Ray's v2 autoscaler publishes its
+    cluster config (what Ray Data's is_autoscaling_enabled reads); the legacy one, which `ray start
+    --autoscaling-config` and the fake multi-node provider run, only its status, in which a cluster without a
+    config shows each node as a read-only type of its own, node_<id>."""
+    from ray._private import ray_constants
+    from ray._private.state import state
+    from ray._private.worker import global_worker
+    from ray.autoscaler._private.util import format_readonly_node_type
+
+    config = state.get_cluster_config()
+    if config and any(g.max_count == -1 or g.max_count > g.min_count for g in config.node_group_configs):
+        return True
+    # This process's own GCS client: ray.experimental.internal_kv's is unset again by any ray.shutdown in it.
+    status = global_worker.gcs_client.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), None)
+    types = (json.loads(status).get("autoscaler_report") or {}).get("node_type_mapping") or {} if status else {}
+    return any(kind != format_readonly_node_type(node) for node, kind in types.items())
+
+
 def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
     """data.backend=ray needs CPUs beside the workers' for its read tasks, or the workers wait forever.
     A warning, not an error: an autoscaling cluster may add the CPUs once the run asks for them."""
@@ -148,7 +190,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     sink = start_sink(run.job["metrics_sink"], str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job))
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
-    storage = cfg.checkpoint.storage_path or str(run.run_dir)
+    storage_path, name = checkpoint_storage(cfg, run.run_dir, run.job["run_id"])
     gpu = "GPU" in resources
     trainer = RaydlTrainer(
         run_worker,
@@ -157,9 +199,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
                                      use_gpu=gpu, resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=s.resize_check_s),
         run_config=RunConfig(
-            # A shared storage path holds many runs: the run id keeps two runs of one basename apart.
-            name="train" if not cfg.checkpoint.storage_path else f"{run.run_dir.name}-{run.job['run_id']}",
-            storage_path=storage,
+            name=name,
+            storage_path=storage_path,
             failure_config=FailureConfig(max_failures=s.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # Also when connecting to a Ray that was started with another runtime env.
@@ -191,7 +232,8 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
         raise
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    summary.update(wall_s=time.time() - t0, checkpoint=result.checkpoint.path if result.checkpoint else None,
+    checkpoint = storage.uri(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
+    summary.update(wall_s=time.time() - t0, checkpoint=checkpoint,
                    run_dir=str(run.run_dir), **startup_section(run, marks))
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
@@ -222,6 +264,7 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     connect(address, ray_env(run.cfg))
     marks.mark("ray_connected")
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
+    check_shared_checkpoints(run.cfg)
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
     stop = start_stop_request(run.job["stop_actor"])
@@ -245,7 +288,7 @@ def cluster_lost(run: PreparedRun, address: str | None, cause: str) -> ClusterLo
     from raydl.train import checkpoint as ckpt
 
     where = f"the Ray cluster at {address}" if address else "this process's local Ray"
-    latest = ckpt.find_latest(run.run_dir)
+    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))
     saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
     resume = f"raydl train --resume {run.run_dir}" + (f" --address {address}" if address else "")
     return ClusterLost(f"{where} went away during the run: {cause}. "

@@ -5,30 +5,36 @@
 
 Any layout's checkpoint (dp × pp, any world size) exports: the model is rebuilt whole on the CPU
 (`raydl.export.trained`). The output is written beside --out and renamed into place after it was
-loaded back and checked against raydl's model, so a failure leaves nothing at --out.
+loaded back and checked against raydl's model, so a failure leaves nothing at --out. A URI --out
+(s3://, gs://, ...) gets the checked directory uploaded, its files one by one, and a failed upload
+removed again.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import torch
 
+from raydl import storage
 from raydl.errors import ConfigError
 
 FORMATS = ("hf", "pt2", "onnx")
 TOLERANCE = 1e-5   # largest |difference| allowed between the exported model's outputs and raydl's
 
 
-def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Path:
-    """Write `source`'s checkpoint to the new directory `out` in format `fmt`; returns `out`."""
+def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Path | str:
+    """Write `source`'s checkpoint to the new directory `out` (a path or a URI) in format `fmt`; returns `out`."""
     if fmt not in FORMATS:
         raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}", "use --format hf, pt2 or onnx")
-    target = Path(os.path.abspath(out))
-    _refuse_existing(out, target)
+    fs, remote = storage.check(out, "--out")
+    target = Path(os.path.abspath(remote)) if isinstance(fs, pafs.LocalFileSystem) else None
+    _refuse_existing(out, fs, remote)
     from raydl.export.trained import find_trained
 
     trained = find_trained(source, config=config)
@@ -39,10 +45,14 @@ def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Pat
     else:
         from raydl.export.onnx import OnnxExport as Writer
     writer = Writer(trained)   # everything is loaded and checked before anything is written
-    staging = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
+    parent = target.parent if target else Path(tempfile.gettempdir())   # a URI's copy is staged locally
+    staging = parent / f".{Path(remote).name}.partial-{uuid.uuid4().hex[:8]}"
     try:
         staging.mkdir(parents=True)
         writer.write(staging)
+        if target is None:
+            _upload(staging, fs, remote)
+            return out
         if target.exists():
             target.rmdir()   # empty, as checked
         os.rename(staging, target)
@@ -51,8 +61,16 @@ def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Pat
     return target
 
 
-def _refuse_existing(out: str, target: Path) -> None:
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+def _upload(staging: Path, fs: pafs.FileSystem, remote: str) -> None:
+    try:
+        storage.upload_dir(str(staging), fs, remote)
+    except BaseException:
+        storage.remove_dir(fs, remote)
+        raise
+
+
+def _refuse_existing(out: str, fs: pafs.FileSystem, path: str) -> None:
+    if not storage.is_empty_or_missing(fs, path):
         raise ConfigError("--out", f"'{out}' already exists and is not an empty directory",
                           "choose a new directory (raydl export never writes over anything) or delete it")
 

@@ -1,8 +1,9 @@
 """What export reads: a run's checkpoint, the config that trained it and its dataset's meta.
 
-RUN_OR_CHECKPOINT is a run directory (its newest usable checkpoint) or one checkpoint
-(runs/<run>/train/step_NNNNNNNN). The config is the run's config.yaml, found above the
-checkpoint, or --config for a checkpoint stored elsewhere (checkpoint.storage_path). The model is
+RUN_OR_CHECKPOINT is a run directory (its newest usable checkpoint, wherever its
+checkpoint.storage_path put it, a bucket included) or one checkpoint (runs/<run>/train/step_NNNNNNNN,
+or a URI). The config is the run's config.yaml, found in the run directory or above the checkpoint,
+or --config for a checkpoint stored elsewhere (checkpoint.storage_path). The model is
 rebuilt on the CPU from that config and the checkpoint loaded into it through raydl's checkpoint
 loader (restricted reader: nothing in the checkpoint runs; no process group needed), whatever
 layout saved it.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from raydl import storage
 from raydl.config import JobConfig
 from raydl.data.dataset import DatasetInfo
 from raydl.errors import CheckpointError
@@ -30,7 +32,7 @@ CHECKPOINT_FORM = "a run directory or one of its checkpoints (runs/<run>/train/s
 
 @dataclass(frozen=True)
 class Trained:
-    checkpoint: Path
+    checkpoint: Path | str   # a URI for a checkpoint in a bucket
     cfg: JobConfig
     choice: ModelChoice
     data: DatasetInfo
@@ -58,27 +60,32 @@ def find_trained(source: str, *, config: str | None = None) -> Trained:
     return Trained(checkpoint, cfg, choice, choice.open_dataset(cfg))
 
 
-def find_checkpoint(source: str) -> Path:
+def find_checkpoint(source: str) -> Path | str:
     """`source` itself when it is a checkpoint (refused if damaged), else its newest usable one."""
-    path = Path(source)
-    if not path.exists():
+    from raydl.driver.prepare import checkpoints_location
+
+    path = checkpoints_location(source)
+    fs, inside = storage.check(path, "export source")
+    if not storage.exists(fs, inside):
         raise CheckpointError(f"export source '{source}' does not exist. Fix: pass {CHECKPOINT_FORM}.")
     if ckpt.is_complete(path):
         problem = ckpt.verify(path)
         if problem:
             raise CheckpointError(f"checkpoint '{path}' is not usable: {problem}. Fix: export an earlier checkpoint "
                                   f"of the run, or pass the run directory to take its newest usable one.")
-        return path.resolve()
+        return ckpt.absolute(path)
     newest = ckpt.first_valid([str(c) for c in ckpt.all_complete(path)])
     if newest is None:
         raise CheckpointError(f"export source '{source}' holds no usable raydl checkpoint (a warning above names any "
                               f"skipped). Fix: pass {CHECKPOINT_FORM} that saved at least one checkpoint.")
-    return Path(newest).resolve()
+    return ckpt.absolute(newest)
 
 
-def _run_config(checkpoint: Path, source: str) -> Path:
-    """The config.yaml of the run: in the run directory, which holds train/step_N."""
-    for folder in (checkpoint, *list(checkpoint.parents)[:2]):
+def _run_config(checkpoint: Path | str, source: str) -> Path:
+    """The config.yaml of the run: in the run directory, which holds train/step_N (or names the bucket
+    that holds its checkpoints)."""
+    near = [Path(source)] if storage.is_uri(str(checkpoint)) else [checkpoint, *list(checkpoint.parents)[:2]]
+    for folder in near:
         if (folder / CONFIG_FILE).is_file():
             return folder / CONFIG_FILE
     raise CheckpointError(f"no {CONFIG_FILE} found with checkpoint '{checkpoint}' (a run directory holds one, two "

@@ -18,6 +18,7 @@ from raydl.tune.report import stitch
 
 METRICS, SUMMARY, RUN_CONFIG = "metrics.jsonl", "summary.json", "config.yaml"
 SWEEP_FILE, TRIALS_DIR, SWEEP_RESULTS = "sweep.yaml", "trials", "results.json"
+READS = (METRICS, SUMMARY, RUN_CONFIG, SWEEP_FILE, SWEEP_RESULTS)   # every file a report opens, by name
 ATTEMPT = re.compile(r"attempt-(\d+)")
 TOTALS = ("device_hours", "cost_usd")   # running totals on every metrics.jsonl line (raydl.telemetry.cost)
 LABEL_CHARS = 80   # a trial's label in the table and the legend

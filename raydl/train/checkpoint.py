@@ -9,6 +9,12 @@ the state within its schema and `.metadata` readable without running code (`safe
 under Ray it is also only visible after Ray registered it (every rank reported and
 uploaded). A half-written, corrupted or edited checkpoint is skipped for the previous one.
 RNG needs no saved state: it is reseeded from (seed, step, rank) every step.
+
+On an object store (checkpoint.storage_path=s3://...; --resume with a URI) there is no atomic
+rename and Ray uploads each rank's files in no set order, so a checkpoint whose upload was cut off
+can hold raydl_state.json without all its shards: what makes it complete there is the same
+`verify` (every rank's files-rank<r>.json, every file's checksum), run on a local download of it,
+and loading reads such a download too (DCP and the checksums read local files).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+import pyarrow.fs as pafs
+
+from raydl import storage
 from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError
 from raydl.train import safe_dcp
@@ -39,8 +48,10 @@ def checkpoint_name(step: int) -> str:
 
 
 def is_complete(path: str | Path) -> bool:
-    p = Path(path)
-    return (p / STATE_FILE).is_file() and (p / safe_dcp.METADATA_FILE).is_file()
+    """Both files written last are there (a local path or a URI); `verify` checks the rest."""
+    fs, p = storage.resolve(str(path), "--resume")
+    files = fs.get_file_info([f"{p}/{STATE_FILE}", f"{p}/{safe_dcp.METADATA_FILE}"])
+    return all(f.type == pafs.FileType.File for f in files)
 
 
 def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *, rank: int) -> None:
@@ -67,6 +78,9 @@ def _fingerprint(f: Path) -> list:
 
 def verify(path: str | Path) -> str | None:
     """None if the checkpoint is complete and intact, else what is wrong (the same answer on every rank)."""
+    if storage.is_uri(str(path)):
+        with storage.local_copy(str(path), "--resume") as local:
+            return verify(local)
     p = Path(path)
     if not is_complete(p):
         return f"missing {STATE_FILE} or .metadata (half-written)"
@@ -134,21 +148,22 @@ def agree_on_first_valid(candidates: list[str]) -> str | None:
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's trainer state, checked against `checkpoint_state.STATE_SCHEMA`."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"resume path '{p}' does not exist. Fix: pass a run directory or one of its "
+    """The checkpoint's trainer state (a local path or a URI), checked against `checkpoint_state.STATE_SCHEMA`."""
+    fs, p = storage.resolve(str(path), "--resume")
+    if not storage.exists(fs, p):
+        raise CheckpointError(f"resume path '{path}' does not exist. Fix: pass a run directory or one of its "
                               f"checkpoints (runs/<run>/train/step_NNNNNNNN).")
-    if not is_complete(p):
-        raise CheckpointError(f"'{p}' is not a complete raydl checkpoint (needs .metadata and {STATE_FILE}); it may "
-                              f"be half-written. {FIX_EARLIER}.")
+    if not is_complete(path):
+        raise CheckpointError(f"'{path}' is not a complete raydl checkpoint (needs .metadata and {STATE_FILE}); it "
+                              f"may be half-written. {FIX_EARLIER}.")
+    state_file = storage.join(str(path), STATE_FILE)
     try:
-        state = json.loads((p / STATE_FILE).read_text())
+        state = json.loads(storage.read_bytes(fs, f"{p}/{STATE_FILE}"))
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint state '{p / STATE_FILE}' is unreadable ({e}). {FIX_EARLIER}.") from None
+        raise CheckpointError(f"checkpoint state '{state_file}' is unreadable ({e}). {FIX_EARLIER}.") from None
     problem = state_problem(state)
     if problem:
-        raise CheckpointError(f"checkpoint state '{p / STATE_FILE}' {problem} (edited or damaged). {FIX_EARLIER}.")
+        raise CheckpointError(f"checkpoint state '{state_file}' {problem} (edited or damaged). {FIX_EARLIER}.")
     return state
 
 
@@ -163,7 +178,11 @@ def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], path: s
 def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, Any]) -> dict[str, Any]:
     """Load model + optimizer shards for this rank's part of the model; returns the trainer state.
 
-    Nothing in the checkpoint runs: `.metadata` and the non-tensor entries go through `safe_dcp`."""
+    Nothing in the checkpoint runs: `.metadata` and the non-tensor entries go through `safe_dcp`.
+    A URI is downloaded first (by every rank: each reads the shards of its part of the model)."""
+    if storage.is_uri(str(path)):
+        with storage.local_copy(str(path), "--resume") as local:
+            return load(local, model, optimizer, fingerprint)
     state = read_state(path)
     check_compatible(state, fingerprint, path)
     msd, osd = get_state_dict(model, optimizer)
@@ -182,8 +201,11 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
     return state
 
 
-def all_complete(root: str | Path) -> list[Path]:
-    """Complete checkpoints under a run directory (or `root` itself if it is one), newest first."""
+def all_complete(root: str | Path) -> list[Path] | list[str]:
+    """Complete checkpoints under a run directory or checkpoint storage (or `root` itself if it is one),
+    newest first: Paths, or URIs for a URI `root`."""
+    if storage.is_uri(str(root)):
+        return _all_complete_remote(str(root))
     root = Path(root)
     if is_complete(root):
         return [root]
@@ -191,27 +213,42 @@ def all_complete(root: str | Path) -> list[Path]:
     return sorted((c for c in candidates if is_complete(c)), key=lambda c: c.name, reverse=True)
 
 
-def find_latest(root: str | Path) -> Path | None:
+def _all_complete_remote(root: str) -> list[str]:
+    if is_complete(root):
+        return [root]
+    fs, p = storage.resolve(root, "--resume")
+    found = [i for d in (p, f"{p}/train") for i in fs.get_file_info(pafs.FileSelector(d, allow_not_found=True))]
+    candidates = [storage.uri(fs, i.path) for i in found
+                  if i.type == pafs.FileType.Directory and i.base_name.startswith("step_")]
+    return sorted((c for c in candidates if is_complete(c)), key=lambda c: c.rsplit("/", 1)[1], reverse=True)
+
+
+def find_latest(root: str | Path) -> Path | str | None:
     complete = all_complete(root)
     return complete[0] if complete else None
 
 
-def resolve_resume(path: str) -> Path:
+def resolve_resume(path: str) -> Path | str:
     """The checkpoint to resume from: `path` itself if it is one (an error saying why if it is unusable),
-    else the newest usable checkpoint of the run directory `path`."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"--resume path '{p}' does not exist. Fix: pass a run directory or a checkpoint "
+    else the newest usable checkpoint of the run directory or checkpoint storage `path` (a local path or a
+    URI; a URI stays one)."""
+    fs, p = storage.check(path, "--resume")
+    if not storage.exists(fs, p):
+        raise CheckpointError(f"--resume path '{path}' does not exist. Fix: pass a run directory or a checkpoint "
                               f"directory inside it (train/step_NNNNNNNN).")
-    if is_complete(p):
-        problem = verify(p)
+    if is_complete(path):
+        problem = verify(path)
         if problem:
-            raise CheckpointError(f"checkpoint '{p}' is not usable: {problem}. {FIX_EARLIER}, or pass the run "
+            raise CheckpointError(f"checkpoint '{path}' is not usable: {problem}. {FIX_EARLIER}, or pass the run "
                                   f"directory to take its newest usable checkpoint.")
-        return p.resolve()
-    latest = first_valid([str(c) for c in all_complete(p)])
+        return absolute(path)
+    latest = first_valid([str(c) for c in all_complete(path)])
     if latest is None:
-        raise CheckpointError(f"--resume path '{p}' holds no usable checkpoint (a warning above names each one "
+        raise CheckpointError(f"--resume path '{path}' holds no usable checkpoint (a warning above names each one "
                               f"skipped and why). Fix: pass a run directory that saved at least one intact "
                               f"checkpoint, or start without --resume.")
-    return Path(latest).resolve()
+    return absolute(latest)
+
+
+def absolute(path: str | Path) -> Path | str:
+    return str(path) if storage.is_uri(str(path)) else Path(path).resolve()

@@ -78,7 +78,7 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     `import_dir` (the sweep driver's working directory; Tune runs trials in their own)."""
     from ray import tune
 
-    from raydl.driver.prepare import prepare_run
+    from raydl.driver.prepare import checkpoints_location, prepare_run
     from raydl.models.registry import search_from
 
     raydl_log.configure()   # the driver's verbosity, from RAYDL_VERBOSITY in the runtime env
@@ -87,7 +87,9 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     spec = parse_sweep(sweep)
     trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()
     attempts = _attempts(trial_dir)
-    resume_from = next((ckpt.find_latest(a) for a in reversed(attempts) if ckpt.find_latest(a)), None)
+    # An attempt's checkpoints are in its directory, or where the sweep's checkpoint.storage_path (a bucket) put them.
+    latest = (ckpt.find_latest(checkpoints_location(str(a))) for a in reversed(attempts))
+    resume_from = next((c for c in latest if c), None)
     resumed_step = ckpt.read_state(resume_from)["step"] if resume_from else 0
     tree = apply_overrides(trial_tree(spec, params), {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"),
                                                       "scaling.max_failures": 0})

@@ -191,10 +191,10 @@ CASES = [
      ["notes.md' is an existing file, not a directory"]),
     ("disk-full", prepare_cli("text", text_file(TEXT)), fail_with("pyarrow.parquet.write_table", errno.ENOSPC),
      ["cannot write the dataset to", "/out': No space left on device"]),
-    ("read-only-disk", prepare_cli("text", text_file(TEXT)), fail_with("os.mkdir", errno.EROFS),
+    ("read-only-disk", prepare_cli("text", text_file(TEXT)), fail_with("raydl.storage.write_bytes", errno.EROFS),
      ["cannot write the dataset to", "/out': Read-only file system"]),
     ("read-only-disk-bpe", prepare_cli("text", text_file(TEXT * 20), "--tokenizer", "bpe", "--vocab-size", "300"),
-     fail_with("pathlib.Path.write_text", errno.EROFS), ["/out': Read-only file system"]),
+     fail_with("raydl.storage.write_bytes", errno.EROFS), ["/out': Read-only file system"]),
     # inspect: shards and manifests from elsewhere
     ("inspect-truncated-first-shard", dataset(first_shard(truncate)), None,
      ["ds/train-00000.parquet' (the first of the train split) cannot be read"]),

@@ -178,3 +178,24 @@ def test_untrusted_summary_text_prints_on_one_line_without_control_characters(tm
     table = dict(table_rows(capsys.readouterr().out)[1:])
     assert table["precision"].startswith("fp32??[2Jgone") and len(table["precision"]) == 120
     assert table["steps"] == "ten" and "\x1b" not in table["precision"]
+
+
+def test_a_run_in_a_bucket_is_reported_from_its_files_without_its_checkpoints(s3_bucket, tmp_path, capsys):
+    """moto's S3 server: only the files a report reads are downloaded; report.png goes back to the bucket."""
+    from raydl import storage
+
+    run = tmp_path / "run"
+    write_run(run, [(2, 1, 60)])
+    (run / "train" / "step_00000060").mkdir(parents=True)
+    (run / "train" / "step_00000060" / "__0_0.distcp").write_bytes(b"\0" * 1000)
+    fs, path = storage.resolve(f"{s3_bucket}/runs/run", "test")
+    storage.upload_dir(str(run), fs, path)
+    assert main(["report", f"{s3_bucket}/runs/run"]) == 0
+    table = dict(table_rows(capsys.readouterr().out)[1:])
+    assert int(table["steps"]) == summary(run)["steps"] == 60
+    png = tmp_path / "report.png"
+    png.write_bytes(storage.read_bytes(fs, f"{path}/report.png"))
+    assert_png(png)
+    assert not (run / "report.png").exists()
+    with storage.local_copy(f"{s3_bucket}/runs/run", "test", only=report_source.READS) as local:
+        assert sorted(p.name for p in Path(local).rglob("*")) == ["metrics.jsonl", "summary.json"]   # no train/
