@@ -12,7 +12,6 @@ is a function applied to each stage (`pipeline_model(..., parallelize=...)`), as
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
@@ -36,24 +35,24 @@ def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
 
 
 def split_stages(model: BlockModel, cuts: tuple[int, ...], indices: tuple[int, ...]) -> list[BlockModel]:
-    """One BlockModel per stage index; a single stage reuses `model`, two get a copy each."""
+    """One BlockModel per stage index, holding `model`'s own block modules (no copy: on meta they have no
+    storage yet, and a stage must never allocate another stage's tensors)."""
     names = model.block_names
     edges = (0, *cuts, len(names))
     owned = [names[edges[i]:edges[i + 1]] for i in indices]
-    if len(indices) == 1:
-        return [model.keep_blocks(owned[0])]
-    return [copy.deepcopy(model).keep_blocks(keep) for keep in owned]
+    model.keep_blocks([name for keep in owned for name in keep])   # other stages' blocks go (real in a fallback)
+    return [BlockModel({name: model.blocks[name] for name in keep}) for keep in owned]
 
 
 def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group, device: torch.device,
                    parallelize: Callable[[nn.Module], nn.Module], loss_fn) -> tuple[Any, list[PipelineStage], BlockModel]:
-    """(schedule, this rank's stages, a BlockModel holding this rank's blocks under their global names)."""
+    """(schedule, this rank's stages, a BlockModel holding this rank's blocks under their global names).
+    `parallelize` wraps a stage and puts its tensors on `device` (materializes it, when it was built on meta)."""
     indices = schedules.stage_indices(layout.schedule, layout.pp, pp_rank)
     modules = split_stages(model, stage_cuts(layout, len(model.blocks)), indices)
     num_stages = layout.pp * len(indices)
     stages = []
     for index, module in zip(indices, modules):
-        module.to(device)
         # PipelineStage infers activation shapes on the first step (one extra P2P round).
         stages.append(PipelineStage(parallelize(module), index, num_stages, device, group=pp_group))
     cls = schedules.get(layout.schedule).torch_class()
