@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 __all__ = ["MetaInit", "module_names", "init_problem"]
 
@@ -98,7 +98,7 @@ def _floating(model: nn.Module) -> Iterator[torch.Tensor]:
 @contextlib.contextmanager
 def _whole(module: nn.Module) -> Iterator[None]:
     """Give `module` full-size plain tensors in place of its sharded ones while its init runs, then copy each
-    rank's rows into the shards (the same chunks FSDP2 keeps: DTensor's Shard(0), no communication)."""
+    rank's rows into the shards (no communication: every rank draws the same whole tensor)."""
     swapped = []
     for slot in _SLOTS:
         tensors = getattr(module, slot)
@@ -111,10 +111,21 @@ def _whole(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         for tensors, key, sharded in swapped:
-            rows = distribute_tensor(tensors[key].detach(), sharded.device_mesh, sharded.placements,
-                                     src_data_rank=None)
-            sharded.to_local().copy_(rows.to_local())
+            sharded.to_local().copy_(_own_rows(tensors[key].detach(), sharded))
             tensors[key] = sharded
+
+
+def _own_rows(whole: torch.Tensor, sharded: DTensor) -> torch.Tensor:
+    """This rank's part of `whole` as a view (distribute_tensor would copy it): torch.chunk along each Shard
+    placement, the split DTensor and FSDP2 use; Replicate keeps it all."""
+    mesh = sharded.device_mesh
+    for axis, placement in enumerate(sharded.placements):
+        assert isinstance(placement, (Shard, Replicate)), f"{placement} is not a placement FSDP2 or replicate uses"
+        if isinstance(placement, Shard):
+            chunks = torch.chunk(whole, mesh.size(axis), dim=placement.dim)
+            coord = mesh.get_local_rank(axis)
+            whole = chunks[coord] if coord < len(chunks) else whole.narrow(placement.dim, 0, 0)
+    return whole
 
 
 def _check_all_set(model: nn.Module, names: dict[nn.Module, str]) -> None:
