@@ -66,13 +66,19 @@ class MetaInit:
         _check_all_set(model, self.names)
 
     def _init(self, module: nn.Module, device: torch.device) -> None:
-        devices = [device.index or 0] if device.type == "cuda" else []
-        with _whole(module), torch.random.fork_rng(devices=devices):
+        # fork_rng: the training RNG (dropout) stays where it was
+        with _whole(module), torch.random.fork_rng(devices=_cuda_index(device)):
             torch.manual_seed(name_seed(self.seed, self.names[module]))
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
             if self.init_weights is not None:
                 self.init_weights(module)
+
+
+def _cuda_index(device: torch.device) -> list[int]:
+    if device.type != "cuda":
+        return []
+    return [torch.cuda.current_device() if device.index is None else device.index]
 
 
 def name_seed(seed: int, name: str) -> int:
