@@ -3,8 +3,9 @@
     raydl train --set parallel.pp_degree=2 --set parallel.schedule=1f1b --set parallel.num_microbatches=8
     torchrun --nproc-per-node 2 -m raydl.worker --set parallel.pp_degree=2 --set parallel.schedule=zbv
 
-A stage is the full `BlockModel` with the blocks it does not own deleted, so parameter names
-(`blocks.h3.attn.qkv.weight`) are the same in every layout and DCP checkpoints reshard freely.
+A stage is a `BlockModel` of the block modules it owns (the model's own, never copied: a worker
+cuts stages on meta and allocates only its own), so parameter names (`blocks.h3.attn.qkv.weight`)
+are the same in every layout and DCP checkpoints reshard freely.
 Which stages a rank runs is the schedule's placement (`raydl.parallel.schedules`). Data parallelism
 is a function applied to each stage (`pipeline_model(..., parallelize=...)`), as in torchtitan's
 `pipeline_llm`. The engine that runs a training step on them is `raydl.train.engines.PipelineEngine`.
