@@ -14,6 +14,7 @@ most one module's full tensors beyond its share, and the rows equal those a dp=1
 from __future__ import annotations
 
 import contextlib
+from copy import deepcopy
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,6 +65,13 @@ class MetaInit:
             if module in self.names and any(t is not None for _, t in _direct(module)):
                 self._init(module, device)
         _check_all_set(model, self.names)
+
+    def real_copy(self, module: nn.Module, device: torch.device) -> nn.Module:
+        """A materialized copy of a meta `module`, seeded by names inside it: for measuring (the planner's
+        profile, one block at a time), never for training."""
+        copy = deepcopy(module)   # on meta: no storage copied
+        MetaInit(self.seed, module_names(copy), self.init_weights)(copy, device)
+        return copy
 
     def _init(self, module: nn.Module, device: torch.device) -> None:
         # fork_rng: the training RNG (dropout) stays where it was

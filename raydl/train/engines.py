@@ -151,13 +151,16 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
         model.blocks[name] = checkpoint_wrapper(block)
 
 
-def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Layout:
+def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
+                  init: MetaInit | None = None) -> Layout:
     """`Layout.from_config` with what its policies choose from: the model's size and the device's memory for
-    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp."""
+    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp (on a
+    model built on meta: one materialized block at a time)."""
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
     sizes = {"num_blocks": len(model.blocks), "memory_bytes": device_memory_bytes(session.device, workers_on_host),
              "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
-    profile = shared_profile(model, spec, meta, cfg, session.device) if Layout.needs_profile(cfg) else None
+    real_block = functools.partial(init.real_copy, device=session.device) if init else None
+    profile = shared_profile(model, spec, meta, cfg, session.device, real_block) if Layout.needs_profile(cfg) else None
     return Layout.from_config(cfg, session.world_size, profile, **sizes)
 
 
@@ -165,7 +168,7 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
                  init: MetaInit | None = None) -> Engine:
     """`meta`: the dataset's, for the planner's example inputs under pp_degree=auto. `init`: the model is on
     meta; each rank allocates and initializes only what it keeps, once the layout is applied."""
-    layout = choose_layout(model, cfg, spec, session, meta)
+    layout = choose_layout(model, cfg, spec, session, meta, init)
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 else None
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)

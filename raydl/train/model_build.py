@@ -19,7 +19,6 @@ from raydl.models.blocks import BlockModel
 from raydl.models.build import SkipWeightInit
 from raydl.models.choice import ModelChoice
 from raydl.parallel.materialize import MetaInit, init_problem, module_names
-from raydl.parallel.mesh import Layout
 
 __all__ = ["build_for_worker"]
 
@@ -37,8 +36,6 @@ def build_for_worker(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) 
 
 
 def _try_meta(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) -> tuple[BlockModel | None, str]:
-    if Layout.needs_profile(cfg):
-        return None, "parallel.pp_degree=auto times the real blocks on this rank"
     try:
         with torch.device("meta"), SkipWeightInit():
             model = chosen.build(meta, pp_degree=cfg.parallel.pp_degree)

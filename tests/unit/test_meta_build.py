@@ -16,6 +16,7 @@ import raydl
 from raydl.data.builtin import TOKENS_META
 from raydl.models.choice import ModelChoice, choose_model
 from raydl.overrides import load_config
+from raydl.parallel.materialize import MetaInit
 from raydl.parallel.pipeline import split_stages
 from raydl.train.engines import build_engine
 from raydl.train.model_build import build_for_worker
@@ -173,3 +174,22 @@ def test_the_fallback_still_trains(caplog):
         losses.append(float(engine.forward_backward(batch, scaler=None).loss))
         optimizer_step(optimizer, None, clip=engine.clip(0.0))
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_pp_auto_profiles_a_meta_model_one_real_block_at_a_time():
+    chosen, cfg = _gpt("parallel.pp_degree=auto")
+    model, init = build_for_worker(chosen, TOKENS_META, cfg)
+    assert init is not None
+    copies = []
+
+    class Watched(MetaInit):
+        def real_copy(self, module, device):
+            assert all(p.is_meta for p in model.parameters()), "the model itself stays on meta while profiled"
+            copies.append(super().real_copy(module, device))
+            return copies[-1]
+
+    watched = Watched(init.seed, init.names, init.init_weights)
+    session = SimpleNamespace(rank=0, world_size=1, device=CPU)
+    engine = build_engine(model, cfg, chosen.spec, session, TOKENS_META, watched)
+    assert len(copies) == len(model.blocks) and engine.layout.pp == 1
+    assert not any(p.is_meta for p in engine.parameters())
