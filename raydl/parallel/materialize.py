@@ -14,9 +14,9 @@ most one module's full tensors beyond its share, and the rows equal those a dp=1
 from __future__ import annotations
 
 import contextlib
-from copy import deepcopy
 import hashlib
 from collections.abc import Callable, Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +76,7 @@ class MetaInit:
     def _init(self, module: nn.Module, device: torch.device) -> None:
         # fork_rng: the training RNG (dropout) stays where it was
         with _whole(module), torch.random.fork_rng(devices=_cuda_index(device)):
-            torch.manual_seed(name_seed(self.seed, self.names[module]))
+            torch.manual_seed(_name_seed(self.seed, self.names[module]))
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
             if self.init_weights is not None:
@@ -89,7 +89,7 @@ def _cuda_index(device: torch.device) -> list[int]:
     return [torch.cuda.current_device() if device.index is None else device.index]
 
 
-def name_seed(seed: int, name: str) -> int:
+def _name_seed(seed: int, name: str) -> int:
     """A stable 63-bit seed per (seed, name): Python's hash() changes between processes."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") >> 1
 

@@ -37,7 +37,7 @@ def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
 
 def split_stages(model: BlockModel, cuts: tuple[int, ...], indices: tuple[int, ...]) -> list[BlockModel]:
     """One BlockModel per stage index, holding `model`'s own block modules (no copy: on meta they have no
-    storage yet, and a stage must never allocate another stage's tensors)."""
+    storage yet, and a stage must never allocate another stage's tensors). `model` keeps only those blocks."""
     names = model.block_names
     edges = (0, *cuts, len(names))
     owned = [names[edges[i]:edges[i + 1]] for i in indices]
