@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from raydl.config import JobConfig
@@ -30,7 +31,8 @@ def build_for_worker(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) 
     model, why = _try_meta(chosen, meta, cfg)
     if model is not None:
         return model, MetaInit(cfg.train.seed, module_names(model), chosen.spec.init_weights)
-    log.warning(f"model '{chosen.spec.name}' is built whole on every worker, not on meta: {why}")
+    if not dist.is_initialized() or dist.get_rank() == 0:   # one line per run, not one per worker
+        log.warning(f"model '{chosen.spec.name}' is built whole on every worker, not on meta: {why}")
     torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
     return chosen.build(meta, pp_degree=cfg.parallel.pp_degree), None
 

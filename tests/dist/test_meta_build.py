@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from raydl.config import DP_WRAPPERS
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
+from raydl.parallel.materialize import MetaInit
 from raydl.train.engines import build_engine
 from raydl.train.model_build import build_for_worker
 from tests.helpers import run_gloo
@@ -37,13 +38,15 @@ def _build(sets: tuple[str, ...], rank: int, world_size: int, watch=None):
     assert init is not None, "tiny gpt must build on meta"
     built = dict(model.blocks)
 
-    def materialize(module, device):
-        init(module, device)
-        if watch:
-            watch(built)
+    class Watched(MetaInit):
+        def __call__(self, module, device):
+            super().__call__(module, device)
+            if watch:
+                watch(built)
 
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    return build_engine(model, cfg, chosen.spec, session, META, materialize), built
+    engine = build_engine(model, cfg, chosen.spec, session, META, Watched(init.seed, init.names, init.init_weights))
+    return engine, built
 
 
 def _state(engine) -> dict[str, torch.Tensor]:
