@@ -22,9 +22,9 @@ from raydl.errors import ConfigError, LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
 
-WHOLE = "model"   # the one block of a plain module without `blocks`
 __all__ = ["SkipWeightInit", "build_model", "check_blocks"]
 
+WHOLE = "model"   # the one block of a plain module without `blocks`
 BLOCKS_FIX = ("list in ModelSpec.blocks the top-level children that forward applies, in its order and with nothing "
               "between them, or build a raydl.BlockModel")
 

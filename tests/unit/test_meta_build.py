@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import raydl
-from raydl.data.builtin import TOKENS_META
+from raydl.data.builtin import IMAGES_META, TOKENS_META
 from raydl.models.choice import ModelChoice, choose_model
 from raydl.overrides import load_config
 from raydl.parallel.materialize import MetaInit
@@ -193,3 +193,14 @@ def test_pp_auto_profiles_a_meta_model_one_real_block_at_a_time():
     engine = build_engine(model, cfg, chosen.spec, session, TOKENS_META, watched)
     assert len(copies) == len(model.blocks) and engine.layout.pp == 1
     assert not any(p.is_meta for p in engine.parameters())
+
+
+def test_resnet_batch_norm_statistics_are_set_after_to_empty_the_integer_counter_included():
+    cfg = load_config(None, ["model.name=resnet"])
+    chosen = choose_model(cfg.model)
+    model, init = build_for_worker(chosen, IMAGES_META, cfg)
+    assert init is not None
+    init(model, CPU)
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms and all(torch.equal(m.running_var, torch.ones_like(m.running_var)) for m in norms)
+    assert all(int(m.num_batches_tracked) == 0 for m in norms)   # no NaN to catch an unset integer
