@@ -78,9 +78,6 @@ class Clock:
         self.busy_s += time.perf_counter() - t0   # the oversleep is the simulated compute's, not the bubble's
         self.counts[kind] += 1
 
-    def __deepcopy__(self, memo):   # split_stages deep-copies the model; every stage keeps this clock
-        return self
-
 
 class _SleepInBackward(torch.autograd.Function):
     """Identity whose backward sleeps: simulated backward work on the graph path it sits on."""

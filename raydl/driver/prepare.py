@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
 from raydl.metrics.tensorboard import require_installed
 from raydl.errors import ConfigError
+from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
 from raydl.models.spec import ModelSpec
 from raydl.overrides import dump_yaml
@@ -29,16 +29,6 @@ from raydl.telemetry.cost import Pricing
 
 
 RUN_ID_FILE = "run_id"
-
-
-class SkipWeightInit(TorchFunctionMode):
-    """Weight init does nothing to meta tensors, yet torch's meta normal_ imports torch._dynamo first: a second or
-    more of every run's start on the driver (raydl bench startup)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init" or func is torch.Tensor.normal_:
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -66,6 +56,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     data_path = info.root
     with torch.device("meta"), SkipWeightInit():   # shapes only: counting blocks and parameters allocates no weights
         built = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
+    if write and chosen.spec.blocks:
+        chosen.check_blocks(info.meta)
     check_layout(cfg, num_blocks=len(built.blocks))
     resume_from = None
     if resume:

@@ -1,7 +1,7 @@
 """Models as an ordered list of blocks, so pipeline stages can be cut between blocks.
 
-`BlockModel.blocks` is an `nn.ModuleDict` in execution order. A pipeline stage is the same
-model with the blocks it does not own deleted (torchtitan's approach), so every parameter
+`BlockModel.blocks` is an `nn.ModuleDict` in execution order. A pipeline stage is a BlockModel
+of the blocks it owns, under their names (torchtitan's approach), so every parameter
 keeps its fully qualified name (`blocks.h3.attn.qkv.weight`) in every layout: that is what
 lets a checkpoint saved at one layout load at another.
 """

@@ -16,10 +16,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from raydl.errors import ConfigError, LayoutError
 from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
+
+__all__ = ["SkipWeightInit", "build_model", "check_blocks"]
 
 WHOLE = "model"   # the one block of a plain module without `blocks`
 BLOCKS_FIX = ("list in ModelSpec.blocks the top-level children that forward applies, in its order and with nothing "
@@ -45,6 +48,16 @@ def build_model(spec: ModelSpec, options: Any, meta: dict[str, Any], *, pp_degre
     if not _on_meta(module):
         check_blocks(module, blocks, spec, meta)
     return BlockModel(blocks)
+
+
+class SkipWeightInit(TorchFunctionMode):
+    """Weight init does nothing to meta tensors, yet torch's meta normal_ imports torch._dynamo first: a second or
+    more of every run's start (raydl bench startup). Used around every build on meta."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init" or func is torch.Tensor.normal_:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 def _on_meta(module: nn.Module) -> bool:

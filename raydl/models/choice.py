@@ -54,6 +54,12 @@ class ModelChoice:
         """The BlockModel (on the current default device: "meta" counts without allocating)."""
         return build_model(self.spec, self.options, meta, pp_degree=pp_degree)
 
+    def check_blocks(self, meta: dict[str, Any]) -> None:
+        """A plain module's `blocks` reproduce its forward (ConfigError if not). This builds the whole model with
+        real values, so it runs once, in the one process that prepares the run (the driver; torchrun's rank 0)
+        and never in a worker that builds on meta."""
+        build_model(self.spec, self.options, meta, pp_degree=1)
+
     def fingerprint(self, model: BlockModel) -> dict[str, Any]:
         """What a checkpoint records of the model, so that resuming with another one is refused."""
         return {"name": self.spec.name, "size": self.size, "params": num_params(model), "blocks": len(model.blocks)}

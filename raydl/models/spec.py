@@ -57,6 +57,11 @@ class ModelSpec:
     task: str | None = None
     # dataset columns inputs_targets reads (checked before Ray starts)
     columns: tuple[str, ...] = ()
+    # module -> None: sets the tensors a module owns directly, after its reset_parameters (if it has one) ran.
+    # Workers build on meta and call it once per module that owns tensors, under a seed hashed from
+    # (train.seed, the module's name), so initial weights do not depend on the layout. None = reset_parameters
+    # alone; a module owning tensors without reset_parameters then makes the workers build as before, whole.
+    init_weights: Callable[[nn.Module], None] | None = None
 
     def count_correct(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
         """(correct, counted) of `correct`; (0, 0) without one, which leaves the accuracy unknown."""

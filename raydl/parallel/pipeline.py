@@ -3,8 +3,9 @@
     raydl train --set parallel.pp_degree=2 --set parallel.schedule=1f1b --set parallel.num_microbatches=8
     torchrun --nproc-per-node 2 -m raydl.worker --set parallel.pp_degree=2 --set parallel.schedule=zbv
 
-A stage is the full `BlockModel` with the blocks it does not own deleted, so parameter names
-(`blocks.h3.attn.qkv.weight`) are the same in every layout and DCP checkpoints reshard freely.
+A stage is a `BlockModel` of the block modules it owns (the model's own, never copied: a worker
+cuts stages on meta and allocates only its own), so parameter names (`blocks.h3.attn.qkv.weight`)
+are the same in every layout and DCP checkpoints reshard freely.
 Which stages a rank runs is the schedule's placement (`raydl.parallel.schedules`). Data parallelism
 is a function applied to each stage (`pipeline_model(..., parallelize=...)`), as in torchtitan's
 `pipeline_llm`. The engine that runs a training step on them is `raydl.train.engines.PipelineEngine`.
@@ -12,7 +13,6 @@ is a function applied to each stage (`pipeline_model(..., parallelize=...)`), as
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import torch
@@ -36,24 +36,24 @@ def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
 
 
 def split_stages(model: BlockModel, cuts: tuple[int, ...], indices: tuple[int, ...]) -> list[BlockModel]:
-    """One BlockModel per stage index; a single stage reuses `model`, two get a copy each."""
+    """One BlockModel per stage index, holding `model`'s own block modules (no copy: on meta they have no
+    storage yet, and a stage must never allocate another stage's tensors). `model` keeps only those blocks."""
     names = model.block_names
     edges = (0, *cuts, len(names))
     owned = [names[edges[i]:edges[i + 1]] for i in indices]
-    if len(indices) == 1:
-        return [model.keep_blocks(owned[0])]
-    return [copy.deepcopy(model).keep_blocks(keep) for keep in owned]
+    model.keep_blocks([name for keep in owned for name in keep])   # other stages' blocks go (real in a fallback)
+    return [BlockModel({name: model.blocks[name] for name in keep}) for keep in owned]
 
 
 def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group, device: torch.device,
                    parallelize: Callable[[nn.Module], nn.Module], loss_fn) -> tuple[Any, list[PipelineStage], BlockModel]:
-    """(schedule, this rank's stages, a BlockModel holding this rank's blocks under their global names)."""
+    """(schedule, this rank's stages, a BlockModel holding this rank's blocks under their global names).
+    `parallelize` wraps a stage and puts its tensors on `device` (materializes it, when it was built on meta)."""
     indices = schedules.stage_indices(layout.schedule, layout.pp, pp_rank)
     modules = split_stages(model, stage_cuts(layout, len(model.blocks)), indices)
     num_stages = layout.pp * len(indices)
     stages = []
     for index, module in zip(indices, modules):
-        module.to(device)
         # PipelineStage infers activation shapes on the first step (one extra P2P round).
         stages.append(PipelineStage(parallelize(module), index, num_stages, device, group=pp_group))
     cls = schedules.get(layout.schedule).torch_class()

@@ -15,7 +15,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,8 @@ from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
 from raydl.parallel.schedules import require_positive
 from raydl.train.precision import autocast
+
+RealBlock = Callable[[torch.nn.Module], torch.nn.Module]   # a block built on meta -> a real copy of it
 
 __all__ = ["BlockProfile", "ModelProfile", "profile_model", "shared_profile", "device_memory_bytes"]
 
@@ -81,13 +83,16 @@ def _time_block(block: torch.nn.Module, x: torch.Tensor, precision: str) -> tupl
 
 
 def profile_model(model: BlockModel, spec: ModelSpec, meta: dict[str, Any], *, micro_batch: int, precision: str,
-                  device: torch.device) -> ModelProfile:
-    """Measure each block in execution order, feeding it the previous block's real output."""
-    model.to(device)
+                  device: torch.device, real_block: RealBlock | None = None) -> ModelProfile:
+    """Measure each block in execution order, feeding it the previous block's real output. `real_block`: a
+    model built on meta is measured on a real copy of one block at a time (never whole on this rank)."""
+    if real_block is None:
+        model.to(device)
     x = spec.example_inputs(meta, micro_batch).to(device)
     blocks = []
     with torch.random.fork_rng():   # the profile must not shift the training RNG (dropout)
         for name, block in model.blocks.items():
+            block = real_block(block) if real_block else block
             fwd_s, bwd_s, act_bytes, x = _time_block(block, x, precision)
             param_bytes = sum(p.numel() * p.element_size() for p in block.parameters())
             blocks.append(BlockProfile(name, fwd_s, bwd_s, param_bytes, act_bytes, x.numel() * x.element_size()))
@@ -96,10 +101,10 @@ def profile_model(model: BlockModel, spec: ModelSpec, meta: dict[str, Any], *, m
 
 
 def shared_profile(model: BlockModel, spec: ModelSpec, meta: dict[str, Any], cfg: JobConfig,
-                   device: torch.device) -> ModelProfile:
+                   device: torch.device, real_block: RealBlock | None = None) -> ModelProfile:
     """Rank 0's profile on every rank: timings differ between ranks, layouts must not."""
     measure = functools.partial(profile_model, model, spec, meta, micro_batch=cfg.train.micro_batch_size,
-                                precision=cfg.train.precision, device=device)
+                                precision=cfg.train.precision, device=device, real_block=real_block)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return measure()
     box = [measure() if dist.get_rank() == 0 else None]

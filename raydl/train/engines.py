@@ -2,7 +2,8 @@
 
 `build_engine` resolves the layout for this world size (`Layout.from_config`), builds the mesh
 and applies the parallelisms in a fixed order: activation checkpointing, pipeline split, then
-data parallelism per stage. The loop only talks to an `Engine`.
+data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
+allocates only the tensors it keeps). The loop only talks to an `Engine`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import apply_data_parallel
+from raydl.parallel.materialize import MetaInit
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.pipeline import forward_chain, pipeline_model
 from raydl.parallel.profile import device_memory_bytes, shared_profile
@@ -48,11 +50,12 @@ class Engine(Protocol):
 class DataParallelEngine:
     """pp == 1: every rank holds the whole model; gradients averaged over the dp axis."""
 
-    def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh):
+    def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh,
+                 init: MetaInit | None = None):
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
-        model.to(self.device)
         self.model = apply_data_parallel(model, dp_mesh=mesh["dp"] if mesh is not None else None,
-                                         wrapper=layout.dp_wrapper, pp_enabled=False)
+                                         wrapper=layout.dp_wrapper, pp_enabled=False,
+                                         materialize=materializer(init, self.device))
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -74,12 +77,13 @@ class DataParallelEngine:
 class PipelineEngine:
     """pp > 1: this rank runs its stage(s) of one pipeline; dp replicas of the pipeline over the mesh's dp axis."""
 
-    def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh):
+    def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh,
+                 init: MetaInit | None = None):
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         self.pp_group = mesh["pp"].get_group()
         self.pp_rank = layout.coords(session.rank)[1]
         parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=layout.dp_wrapper,
-                                        pp_enabled=True)
+                                        pp_enabled=True, materialize=materializer(init, self.device))
         self.schedule, self.stages, self.model = pipeline_model(
             model, layout=layout, pp_rank=self.pp_rank, pp_group=self.pp_group, device=self.device,
             parallelize=parallelize, loss_fn=spec.loss)
@@ -133,6 +137,13 @@ def _reduce_eval(loss_sum: float, n: int, correct: int, counted: int, device: to
     return {"loss": loss_sum / max(n, 1), "accuracy": correct / counted if counted else None, "batches": int(n)}
 
 
+def materializer(init: MetaInit | None, device: torch.device) -> Callable[[nn.Module], None]:
+    """What puts a (stage's) model on the device: allocate and initialize it when built on meta, else move it."""
+    if init is None:
+        return lambda module: module.to(device)
+    return functools.partial(init, device=device)
+
+
 def apply_activation_checkpointing(model: BlockModel) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -140,21 +151,26 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
         model.blocks[name] = checkpoint_wrapper(block)
 
 
-def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Layout:
+def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
+                  init: MetaInit | None = None) -> Layout:
     """`Layout.from_config` with what its policies choose from: the model's size and the device's memory for
-    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp."""
+    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp (on a
+    model built on meta: one materialized block at a time)."""
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
     sizes = {"num_blocks": len(model.blocks), "memory_bytes": device_memory_bytes(session.device, workers_on_host),
              "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
-    profile = shared_profile(model, spec, meta, cfg, session.device) if Layout.needs_profile(cfg) else None
+    real_block = functools.partial(init.real_copy, device=session.device) if init else None
+    profile = shared_profile(model, spec, meta, cfg, session.device, real_block) if Layout.needs_profile(cfg) else None
     return Layout.from_config(cfg, session.world_size, profile, **sizes)
 
 
-def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any]) -> Engine:
-    """`meta`: the dataset's, for the planner's example inputs under pp_degree=auto."""
-    layout = choose_layout(model, cfg, spec, session, meta)
+def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
+                 init: MetaInit | None = None) -> Engine:
+    """`meta`: the dataset's, for the planner's example inputs under pp_degree=auto. `init`: the model is on
+    meta; each rank allocates and initializes only what it keeps, once the layout is applied."""
+    layout = choose_layout(model, cfg, spec, session, meta, init)
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 else None
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)
     engine = PipelineEngine if layout.pp > 1 else DataParallelEngine
-    return engine(model, layout, cfg, spec, session, mesh)
+    return engine(model, layout, cfg, spec, session, mesh, init)

@@ -40,6 +40,7 @@ from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
+from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
 from raydl.train.session import RaySession, TorchrunSession, in_ray
@@ -122,10 +123,9 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     spec = chosen.spec
     info = open_dataset(job["data_path"])
     chosen.check_data(info)
-    torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
-    model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
+    model, init = build_for_worker(chosen, info.meta, cfg)   # on meta: allocated once laid out
     fingerprint = chosen.fingerprint(model)
-    engine = build_engine(model, cfg, spec, session, info.meta)
+    engine = build_engine(model, cfg, spec, session, info.meta, init)
     marks.mark("model_built")
     layout = engine.layout
     optimizer = build_optimizer(engine.parameters(), cfg.train)

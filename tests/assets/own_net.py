@@ -43,6 +43,8 @@ common = {"build": build, "loss": F.cross_entropy, "inputs_targets": pixels, "ex
 spec = raydl.ModelSpec(name="own_net", blocks=("inp", "out"), task="images", columns=("image", "label"), **common)
 plain = raydl.ModelSpec(name="own_plain", task="images", **common)
 wrong_blocks = raydl.ModelSpec(name="own_wrong", blocks=("inp", "head"), task="images", **common)
+# both children exist, but forward applies inp first: only a model with values shows it (the driver's check)
+swapped_blocks = raydl.ModelSpec(name="own_swapped", blocks=("out", "inp"), task="images", **common)
 untasked = raydl.ModelSpec(name="own_untasked", **common)
 needs_column = raydl.ModelSpec(name="own_column", task="images", columns=("image", "weight"), **common)
 not_a_spec = 42

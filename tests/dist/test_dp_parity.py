@@ -7,7 +7,6 @@ would hide what this test checks, the averaging of gradients over replicas."""
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +20,7 @@ from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.train.engines import DataParallelEngine
+from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer
 from raydl.train.step import optimizer_step
 from tests.helpers import run_gloo
@@ -44,12 +44,11 @@ def config(wrapper: str, world_size: int):
 def train(cfg, world_size: int, rank: int) -> dict[str, torch.Tensor]:
     chosen = choose_model(cfg.model)
     spec = chosen.spec
-    torch.manual_seed(0)
-    model = chosen.build(META)
+    model, init = build_for_worker(chosen, META, cfg)   # as workers build: on meta, allocated once wrapped
     layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
     mesh = build_mesh(layout, "cpu") if world_size > 1 else None
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    engine = DataParallelEngine(model, layout, cfg, spec, session, mesh)
+    engine = DataParallelEngine(model, layout, cfg, spec, session, mesh, init)
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     per_rank = GLOBAL // world_size
     for batch in batches():
@@ -84,5 +83,6 @@ def test_two_ranks_match_one_process_on_the_full_batch(tmp_path):
 
 def initial_params() -> dict[str, torch.Tensor]:
     cfg = config("fsdp", 1)
-    torch.manual_seed(0)
-    return copy.deepcopy(choose_model(cfg.model).build(META).state_dict())
+    model, init = build_for_worker(choose_model(cfg.model), META, cfg)
+    init(model, torch.device("cpu"))
+    return model.state_dict()

@@ -5,7 +5,6 @@ One spawned gloo group per test runs all seven schedules (process start-up domin
 
 from __future__ import annotations
 
-import copy
 import json
 from types import SimpleNamespace
 
@@ -18,6 +17,7 @@ from raydl.overrides import load_config
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.schedules import NAMES
 from raydl.train.engines import PipelineEngine
+from raydl.train.model_build import build_for_worker
 from tests.helpers import run_gloo
 
 VOCAB, SEQ, M, ROWS_PER_REPLICA = 32, 8, 4, 8
@@ -45,12 +45,14 @@ def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mes
     cfg = _config(schedule, world_size // 2, wrapper, model)
     chosen = choose_model(cfg.model)
     spec = chosen.spec
-    torch.manual_seed(0)
-    model = chosen.build({"vocab_size": VOCAB, "seq_len": SEQ})
-    reference = copy.deepcopy(model)
+    meta = {"vocab_size": VOCAB, "seq_len": SEQ}
+    model, init = build_for_worker(chosen, meta, cfg)   # as workers build (Hugging Face models fall back, whole)
+    reference, reference_init = build_for_worker(chosen, meta, cfg)  # the same initial values, unsplit
+    if reference_init is not None:
+        reference_init(reference, torch.device("cpu"))
     layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    engine = PipelineEngine(model, layout, cfg, spec, session, mesh)
+    engine = PipelineEngine(model, layout, cfg, spec, session, mesh, init)
 
     batch = _batch(ROWS_PER_REPLICA * layout.dp)
     dp_rank = layout.coords(rank)[0]

@@ -45,6 +45,7 @@ def models_dir(tmp_path, monkeypatch):
     (["model.name=mymodels.net:make_spec", "model.options.hidden=wide"], "model.options.hidden", "type int"),
     (["model.name=mymodels.net:spec", "model.size=mini"], "model.size", "has no size option"),
     (["model.name=mymodels.net:wrong_blocks"], "model.name", "names 'head', which is not a top-level child"),
+    (["model.name=mymodels.net:swapped_blocks"], "model.name", "do not reproduce its forward"),
     (["model.name=mymodels.net:untasked"], "data.path", "names no task"),
     (["model.name=mymodels.net:needs_column"], "no column 'weight'", "model 'own_column' reads"),
     (["model.name=mymodels.net:plain", "parallel.pp_degree=2"], "parallel.pp_degree", "without ModelSpec.blocks"),

@@ -1,0 +1,54 @@
+"""The model a worker starts from: built on `meta` when it can be, else whole as before (one warning line).
+
+On meta, nothing is allocated until the engine has applied the layout and calls the returned `MetaInit`
+on what this rank keeps (raydl.parallel.materialize). The fallback builds the whole model with real
+values under train.seed on every rank, and the engine moves it to the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from raydl.config import JobConfig
+from raydl.errors import RaydlError
+from raydl.models.blocks import BlockModel
+from raydl.models.build import SkipWeightInit
+from raydl.models.choice import ModelChoice
+from raydl.parallel.materialize import MetaInit, init_problem, module_names
+
+__all__ = ["build_for_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def build_for_worker(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) -> tuple[BlockModel, MetaInit | None]:
+    """(the model, how to materialize it); None: the model is real already (the fallback)."""
+    model, why = _try_meta(chosen, meta, cfg)
+    if model is not None:
+        return model, MetaInit(cfg.train.seed, module_names(model), chosen.spec.init_weights)
+    if not dist.is_initialized() or dist.get_rank() == 0:   # one line per run, not one per worker
+        log.warning(f"model '{chosen.spec.name}' is built whole on every worker, not on meta: {why}")
+    torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
+    return chosen.build(meta, pp_degree=cfg.parallel.pp_degree), None
+
+
+def _try_meta(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) -> tuple[BlockModel | None, str]:
+    try:
+        with torch.device("meta"), SkipWeightInit():
+            model = chosen.build(meta, pp_degree=cfg.parallel.pp_degree)
+    except RaydlError:
+        raise
+    except Exception as e:   # the user's build needs real tensors (it reads or copies values)
+        return None, f"its build raised {type(e).__name__} on the meta device: {' '.join(str(e).split())[:200]}"
+    why = init_problem(model, chosen.spec.init_weights) or _not_on_meta(model)
+    return (None, why) if why else (model, "")
+
+
+def _not_on_meta(model: nn.Module) -> str:
+    real = next((name for name, t in (*model.named_parameters(), *model.named_buffers()) if not t.is_meta), None)
+    return f"its build put {real} on a real device (it ignores the default device)" if real else ""
