@@ -22,6 +22,7 @@ from raydl.cli import add_verbosity_args
 from raydl.driver.prepare import prepare_run
 from raydl.errors import RaydlError
 from raydl.overrides import load_config
+from raydl.telemetry.profiler import print_table
 from raydl.train.loop import train_worker
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     summary = json.loads((run.run_dir / "summary.json").read_text()) if rank0 else {}
     if rank0:
+        print_table(run.run_dir)
         print(json.dumps(summary, indent=1))
     signum = summary.get("stopped_by_signal", 0)
     if signum:

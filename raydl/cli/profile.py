@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from raydl import api
-    from raydl.telemetry.profiler import BREAKDOWN_FILE, PROFILE_DIR, WARMUP_STEPS
+    from raydl.telemetry.profiler import BREAKDOWN_FILE, PROFILE_DIR, WARMUP_STEPS, print_table
 
     if args.steps < 1:
         raise ConfigError("--steps", f"is {args.steps}", "profile at least one step: --steps 3")
@@ -38,6 +38,7 @@ def run(args) -> int:
     if summary.get("stopped_by_signal"):
         return 128 + summary["stopped_by_signal"]   # stopped before the profile was written
     profile_dir = Path(summary["run_dir"]) / PROFILE_DIR
+    print_table(Path(summary["run_dir"]))
     log.info(f"profile: {profile_dir / BREAKDOWN_FILE} (the table above) and a Chrome trace per rank, "
              f"{profile_dir}/rank<r>.json: open in https://ui.perfetto.dev or chrome://tracing")
     return 0

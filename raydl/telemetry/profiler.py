@@ -92,7 +92,15 @@ class StepProfiler:
                      "layout": self.layout.to_dict(),
                      "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "ranks": ranks}
         (self.out_dir / BREAKDOWN_FILE).write_text(json.dumps(breakdown, indent=1))
-        print(format_table(breakdown), flush=True)
+
+
+def print_table(run_dir: Path) -> None:
+    """The run's profile as a table on stdout, where the launcher prints its result (`raydl profile`, rank 0 of
+    `python -m raydl.worker`); nothing when the run profiled no steps. Printed by the worker, under Ray it
+    reached the driver through Ray's log forwarding, sometimes after the command had returned."""
+    path = Path(run_dir) / PROFILE_DIR / BREAKDOWN_FILE
+    if path.exists():
+        print(f"{format_table(json.loads(path.read_text()))}\nbreakdown: {path}", flush=True)
 
 
 def gather(mine: dict[str, Any]) -> list[dict[str, Any]]:

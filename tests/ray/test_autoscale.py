@@ -84,7 +84,7 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
                 times.setdefault("node_added", now)
             logs = client.logs(job_id)
             for size in (1, 2):
-                if f"[raydl] world size {size}:" in logs:
+                if f"[raydl] {size} worker{'s' if size > 1 else ''}:" in logs:   # the layout line
                     times.setdefault(f"world_size_{size}", now)
             return status in jobs.TERMINAL and status
 
