@@ -10,7 +10,8 @@ from torch import nn
 
 from raydl.models import gpt
 from raydl.models.blocks import BlockModel
-from raydl.models.hf.config import hf_config, model_class, weight_files
+from raydl.models.hf.classes import model_class
+from raydl.models.hf.config import hf_config, weight_files
 from raydl.models.hf.options import HfOptions
 from raydl.models.spec import ModelSpec
 

@@ -91,9 +91,9 @@ class HfOptions:
                 raise ConfigError(f"model.options.{name}", f"is {getattr(self, name)}", f"use an integer >= {minimum}")
         self._check_heads()
         if self.config_fields and not (self.config or self.weights):   # beside them, hf_config refuses every one
-            from raydl.models.hf.config import checked_config_fields   # imports transformers: only when used
+            from raydl.models.hf.classes import checked_config_fields   # imports transformers: only when used
 
-            self.config_fields = checked_config_fields(self.family, self.config_fields)
+            self.config_fields = checked_config_fields(self.family, self.config_fields, ALIASES)
 
     def _check_heads(self) -> None:
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
