@@ -32,7 +32,6 @@ from typing import Any
 
 import yaml
 from ray.tune import Callback
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from raydl import log as raydl_log
 from raydl.metrics import tensorboard
@@ -40,28 +39,15 @@ from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.cost import CPU, Pricing
-from raydl.telemetry.records import WorkerReport
 from raydl.tune import report
 from raydl.tune.space import (SweepSpec, parse_sweep, trains_in_trial, trial_config, trial_cpus_gpus,
                                trial_resources, trial_tree)
-from raydl.tune.trial_session import InTrialSession, TrialMetrics
+from raydl.tune.trial_session import InTrialSession, TrialMetrics, TrialReporter
 
 SWEEP_FILE, TUNE_DIR, TRIALS_DIR, COMPLETED_FILE = "sweep.yaml", "tune", "trials", "completed_trials.txt"
 STARTS_FILE = "trial_starts.jsonl"
 
 log = logging.getLogger(__name__)
-
-
-class TrialReporter(TuneReportCallback):
-    """Forwards each rank-0 report of a Ray Train trial to Tune (runs in the Train controller)."""
-
-    def __init__(self, metrics: TrialMetrics):
-        super().__init__()
-        self.metrics = metrics
-
-    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        scalars = self.metrics.update(WorkerReport.from_dict(metrics[0]))
-        super().after_report(run_context, [scalars], checkpoint)
 
 
 def _attempts(trial_dir: Path) -> list[Path]:
@@ -402,4 +388,4 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
     return summary
 
 
-__all__ = ["run_sweep", "resume_sweep", "run_trial", "TrialReporter", "max_concurrent", "write_report", "SWEEP_FILE"]
+__all__ = ["run_sweep", "resume_sweep", "run_trial", "max_concurrent", "write_report", "SWEEP_FILE"]

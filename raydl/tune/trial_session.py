@@ -3,7 +3,7 @@
 A 1-worker trial (space.trains_in_trial) runs the per-worker loop right in its Tune trial, as
 `python -m raydl.worker` runs it without torchrun: checkpoints go straight into the attempt's run
 directory and metrics.jsonl is written here. Starting a Ray Train controller and a worker actor
-for such a trial only added to its start. Larger trials keep Ray Train (TrialReporter in sweep.py);
+for such a trial only added to its start. Larger trials keep Ray Train (TrialReporter);
 both report the same Tune metrics, computed by TrialMetrics.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from typing import Any
+
+from ray.tune.integration.ray_train import TuneReportCallback
 
 from raydl.config import JobConfig
 from raydl.telemetry.records import WorkerReport
@@ -47,3 +49,15 @@ class InTrialSession(TorchrunSession):
 
         super().report(worker_report, checkpoint)
         tune.report(self.metrics.update(worker_report))
+
+
+class TrialReporter(TuneReportCallback):
+    """Forwards each rank-0 report of a Ray Train trial to Tune (runs in the Train controller)."""
+
+    def __init__(self, metrics: TrialMetrics):
+        super().__init__()
+        self.metrics = metrics
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        scalars = self.metrics.update(WorkerReport.from_dict(metrics[0]))
+        super().after_report(run_context, [scalars], checkpoint)
