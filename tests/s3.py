@@ -39,3 +39,38 @@ class S3Server:
         name = f"raydl-{uuid.uuid4().hex[:10]}"
         self.client().create_bucket(Bucket=name)
         return f"s3://{name}"
+
+
+class CheckingS3Server:
+    """Moto's server in a process of its own that checks credentials like AWS (INITIAL_NO_AUTH_ACTION_COUNT=0:
+    every request must be signed by a key its IAM knows, and it knows none), for the refusals of bad or missing
+    credentials. Its own process: moto's auth switch is a process-wide setting."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> "CheckingS3Server":
+        import os
+        import socket
+        import subprocess
+        import sys
+        import time
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:   # poll until it accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError(f"moto's server did not start on port {self.port}")
+                time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)

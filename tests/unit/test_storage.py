@@ -95,6 +95,47 @@ def test_a_missing_bucket_is_one_paragraph_and_writes_nothing(s3_bucket, tmp_pat
         open_dataset("s3://no-such-bucket/ds")
 
 
+@pytest.fixture
+def checking_s3(monkeypatch):
+    """An S3 server that refuses every request it cannot authenticate, as AWS does (moto's own server accepts
+    any key): the endpoint is set, the credentials are the test's to choose."""
+    from raydl.bench.procs import free_port
+    from tests.s3 import CheckingS3Server
+
+    with CheckingS3Server(free_port()) as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        yield server
+
+
+def test_credentials_the_store_refuses_stop_train_before_ray_starts(checking_s3, tmp_path, monkeypatch, capsys):
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-secret")
+    assert main(["train", "--set", "checkpoint.storage_path=s3://ckpts/runs", "--set",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.storage_path 's3://ckpts/runs' cannot be reached" in err and "ACCESS_DENIED" in err
+    assert "AWS_ACCESS_KEY_ID" in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == [] and not ray.is_initialized()
+
+
+def test_no_credentials_at_all_stop_prepare_with_one_paragraph(checking_s3, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))      # no ~/.aws/credentials either
+    src = tmp_path / "plays.txt"
+    src.write_text(TEXT)
+    assert main(["data", "prepare", "--from", "text", str(src), "--out", "s3://datasets/plays"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raydl: error: --out 's3://datasets/plays' cannot be reached") and "credentials" in err
+    assert err.count("\n") == 1 and sorted(os.listdir(tmp_path)) == ["plays.txt"]
+
+
 def _objects(bucket: str, prefix: str) -> list[str]:
     listing = boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix)
     return [o["Key"].rsplit("/", 1)[1] for o in listing.get("Contents", [])]
