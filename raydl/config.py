@@ -62,7 +62,12 @@ class DataSection:
     builtin_samples: int = _f(24576, "Rows of the built-in dataset (train + eval).")
     shard_rows: int = _f(2048, "Rows per parquet shard when raydl writes a dataset.")
     eval_fraction: float = _f(0.0625, "Share of the built-in dataset held out for evaluation.")
-    cache_dir: str = _f(".raydl_data", "Where the built-in dataset is generated (reused if already there).")
+    cache_dir: str = _f(".raydl_data", "Where the built-in dataset is generated (reused if already there): a local "
+                        "path or a URI, like data.path.")
+    shared_local: bool = _f(False, "The local dataset (data.path, or the built-in one in data.cache_dir) is at the "
+                            "same path on every node (NFS, or copied there): lets a multi-node or autoscaling cluster "
+                            "read it, after raydl checks each node's manifest.json against the driver's. Without it "
+                            "such a run is refused: every worker reads the dataset on its own node.")
     shuffle: bool = _f(True, "Seeded shuffle that differs per epoch (same seed + epoch = same order).")
     max_bad_shards: int = _f(0, "Corrupt shards to skip (and count) before failing; 0 = fail on the first.")
     prefetch_batches: int = _f(2, "Batches each worker reads ahead so that reading overlaps compute.")

@@ -111,7 +111,7 @@ class Run:
     def start(self) -> "Run":
         self.root.mkdir(parents=True, exist_ok=True)
         # One machine: every local path is on every node, as NFS would be (a test may still set it false).
-        sets = ["checkpoint.shared_local=true", *self.overrides, f"run.dir={self.run_dir}"]
+        sets = ["checkpoint.shared_local=true", "data.shared_local=true", *self.overrides, f"run.dir={self.run_dir}"]
         cmd = [sys.executable, "-m", "raydl.bench.fault_cluster", self.address, str(self.root / "summary.json"),
                json.dumps(self.env), *sets]
         with self.log.open("w") as out:

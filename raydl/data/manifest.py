@@ -70,3 +70,13 @@ def _require(ok: bool, where: str, entry: str, problem: str) -> None:
     if not ok:
         raise DataError(f"'{where}' entry {entry} {problem}, so it is not a valid raydl manifest. Fix: re-create the "
                         f"dataset with `raydl data prepare`, or correct that entry.")
+
+
+def manifest_digest(root: str) -> str | None:
+    """sha256 of the local dataset `root`'s manifest.json (which names every shard's sha256), None if it has none:
+    two nodes hold the same dataset when these agree."""
+    import hashlib
+    from pathlib import Path
+
+    path = Path(root) / "manifest.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None

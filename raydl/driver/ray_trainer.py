@@ -18,6 +18,7 @@ from raydl.config import JobConfig
 from raydl.driver.cluster_watch import LocalRayletWatch
 from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_location, prepare_run,
                                   remove_if_never_started)
+from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
 from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
 from raydl.errors import ClusterLost, ConfigError, one_line
@@ -105,44 +106,6 @@ def check_cluster_fits(cfg: JobConfig, per_worker: dict[str, float], *, can_grow
                       f"cluster ({len(nodes)} node(s); {have}) can place only {fit}{waited}",
                       "lower scaling.min_workers, scaling.cpus_per_worker or scaling.gpus_per_worker, or add nodes "
                       "(an autoscaling cluster: raise scaling.fit_timeout_s)")
-
-
-def check_shared_checkpoints(cfg: JobConfig) -> None:
-    """Refuse local checkpoint storage on a cluster of several nodes, or one that may add some: a node that
-    dies takes its local disk, and the checkpoint shards its workers wrote there, with it."""
-    import ray
-
-    c = cfg.checkpoint
-    if not storage.is_local(c.storage_path) or c.shared_local:
-        return
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    if nodes <= 1 and not can_add_nodes():
-        return
-    where = f"'{c.storage_path}', a local path" if c.storage_path else "empty (the run directory, a local path)"
-    cluster = f"{nodes} nodes" if nodes > 1 else "an autoscaler that can add nodes"
-    raise ConfigError("checkpoint.storage_path", f"is {where}, but the cluster has {cluster}: a node that dies "
-                      "takes its local disk with it, and the checkpoints with it",
-                      "set checkpoint.storage_path to a bucket every node reaches (s3://BUCKET/PATH, gs://BUCKET/PATH), "
-                      "or, if that path is on storage every node mounts (NFS), set checkpoint.shared_local=true")
-
-
-def can_add_nodes() -> bool:
-    """Whether an autoscaler with node types to launch watches this cluster. Ray's v2 autoscaler publishes its
-    cluster config (what Ray Data's is_autoscaling_enabled reads); the legacy one, which `ray start
-    --autoscaling-config` and the fake multi-node provider run, only its status, in which a cluster without a
-    config shows each node as a read-only type of its own, node_<id>."""
-    from ray._private import ray_constants
-    from ray._private.state import state
-    from ray._private.worker import global_worker
-    from ray.autoscaler._private.util import format_readonly_node_type
-
-    config = state.get_cluster_config()
-    if config and any(g.max_count == -1 or g.max_count > g.min_count for g in config.node_group_configs):
-        return True
-    # This process's own GCS client: ray.experimental.internal_kv's is unset again by any ray.shutdown in it.
-    status = global_worker.gcs_client.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), None)
-    types = (json.loads(status).get("autoscaler_report") or {}).get("node_type_mapping") or {} if status else {}
-    return any(kind != format_readonly_node_type(node) for node, kind in types.items())
 
 
 def warn_if_reads_cannot_run(cfg: JobConfig) -> None:
@@ -265,6 +228,7 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     marks.mark("ray_connected")
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
     check_shared_checkpoints(run.cfg)
+    check_shared_dataset(run.cfg, run.job["data_path"])
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
     stop = start_stop_request(run.job["stop_actor"])

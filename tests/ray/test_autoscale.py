@@ -66,7 +66,8 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
         # Like a real cluster, every node must see the data and the run dir: on one machine any absolute path
         # is "shared storage". Relative defaults would land in the job's unpacked working dir, which each
         # node's runtime-env agent unpacks for itself (here: the same path, wiped and re-extracted).
-        shared = [f"data.cache_dir={tmp / 'data'}", f"run.runs_dir={tmp / 'runs'}", "checkpoint.shared_local=true"]
+        shared = [f"data.cache_dir={tmp / 'data'}", f"run.runs_dir={tmp / 'runs'}", "checkpoint.shared_local=true",
+                  "data.shared_local=true"]
         sub = subprocess.run([f"{VENV_BIN}/raydl", "submit", "--address", head.address, "--token-file",
                               str(head.token_file), "--no-wait", "--", "train", *ELASTIC,
                               *(arg for kv in shared for arg in ("--set", kv))],
