@@ -98,6 +98,15 @@ def join(location: str, *parts: str) -> str:
     return "/".join([str(location).rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+def run_checkpoints(storage_path: str, run_dir: str | os.PathLike, run_id: str) -> tuple[str, str]:
+    """(storage_path, name): where a run's checkpoints go, storage_path/name/step_N, whichever launcher runs it
+    (Ray Train's RunConfig takes the two apart). Without a storage path: the run directory's train/."""
+    if not storage_path:
+        return str(run_dir), "train"
+    # A shared storage path holds many runs: the run id keeps two runs of one basename apart.
+    return storage_path, f"{os.path.basename(os.fspath(run_dir).rstrip('/'))}-{run_id}"
+
+
 def check(location: str, field: str) -> tuple[pafs.FileSystem, str]:
     """`resolve`, and for an object store also that its bucket exists and answers with these credentials:
     before Ray starts and before anything is written, not as a failed upload at the first checkpoint."""

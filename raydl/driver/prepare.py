@@ -96,10 +96,7 @@ def claim_run_dir(run_dir: Path, cfg: JobConfig, *, reuse_same_config: bool, wri
 
 def checkpoint_storage(cfg: JobConfig, run_dir: Path, run_id: str) -> tuple[str, str]:
     """(storage_path, name) of Ray Train's RunConfig: a run's checkpoints go to storage_path/name/step_N."""
-    if not cfg.checkpoint.storage_path:
-        return str(run_dir), "train"
-    # A shared storage path holds many runs: the run id keeps two runs of one basename apart.
-    return cfg.checkpoint.storage_path, f"{run_dir.name}-{run_id}"
+    return storage.run_checkpoints(cfg.checkpoint.storage_path, run_dir, run_id)
 
 
 def checkpoints_location(path: str) -> str:

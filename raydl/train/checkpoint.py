@@ -66,6 +66,34 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
         _write_atomic(path / STATE_FILE, json.dumps({"format": FORMAT, **state}, indent=1))
 
 
+def upload_shards(local: str | Path, location: str, *, rank: int) -> None:
+    """This rank's files of the checkpoint saved at `local` (its shards and their manifest) to `location`, a URI.
+    Rank 0's `.metadata` and state file go up in `upload_last`, once every rank's shards are there: a checkpoint in
+    a bucket, where nothing is renamed atomically, is complete (`is_complete`) only when whole."""
+    local = Path(local)
+    manifest = f"files-rank{rank}.json"
+    names = [n for n in json.loads((local / manifest).read_text()) if n != safe_dcp.METADATA_FILE]
+    _upload(local, location, [*names, manifest])
+
+
+def upload_last(local: str | Path, location: str) -> None:
+    """Rank 0, after every rank's `upload_shards`: the two files that make the checkpoint complete, state last."""
+    _upload(Path(local), location, [safe_dcp.METADATA_FILE, STATE_FILE])
+
+
+def _upload(local: Path, location: str, names: list[str]) -> None:
+    fs, path = storage.resolve(location, "checkpoint.storage_path")
+    for name in names:
+        pafs.copy_files(str(local / name), f"{path}/{name}", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
+
+
+def remove(path: str | Path) -> None:
+    """Delete a checkpoint (a local directory or a URI); nothing if it is already gone."""
+    fs, p = storage.resolve(str(path), "checkpoint.storage_path")
+    storage.remove_dir(fs, p)
+
+
 def _write_atomic(target: Path, text: str) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text)

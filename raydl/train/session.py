@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from raydl import log as raydl_log
+from raydl import storage
 from raydl.metrics.writer import MetricsWriter
 from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
@@ -167,7 +168,8 @@ class RaySession:
 
 
 class TorchrunSession:
-    def __init__(self, run_dir: str, keep: int, progress: bool, events_dir: str | None = None):
+    def __init__(self, run_dir: str, keep: int, progress: bool, events_dir: str | None = None, *,
+                 storage_path: str = "", run_id: str | None = None):
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -177,12 +179,15 @@ class TorchrunSession:
         if self.owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.run_dir, self.keep = Path(run_dir), keep
+        # The run directory's train/, or storage_path/<run>-<run id> (a bucket): as under Ray Train. Only rank 0
+        # of a new run knows the run id it wrote.
+        self.checkpoints_at = storage.join(*storage.run_checkpoints(storage_path, run_dir, _from_rank0(run_id)))
         self.writer = MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir) if self.rank == 0 else None
         self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        yield ckpt.agree_on_first_valid([str(c) for c in ckpt.all_complete(self.run_dir)])
+        yield ckpt.agree_on_first_valid([str(c) for c in ckpt.all_complete(self.checkpoints_at)])
 
     def controller_start(self) -> float | None:
         return None   # no controller: torchrun starts the ranks itself
@@ -197,14 +202,27 @@ class TorchrunSession:
         log.info(line)
 
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
-        path = self.run_dir / "train" / ckpt.checkpoint_name(step)
-        save_fn(str(path))
-        if dist.is_initialized():
-            dist.barrier()
+        name = ckpt.checkpoint_name(step)
+        local = self.run_dir / "train" / name
+        save_fn(str(local))
+        _barrier()
+        path = str(local)
+        if storage.is_uri(self.checkpoints_at):
+            path = storage.join(self.checkpoints_at, name)
+            self._upload(local, path)
         if self.rank == 0:
-            for old in ckpt.all_complete(self.run_dir)[self.keep:]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.report(report, checkpoint=str(path))
+            for old in ckpt.all_complete(self.checkpoints_at)[self.keep:]:
+                ckpt.remove(old)
+        self.report(report, checkpoint=path)
+
+    def _upload(self, local: Path, path: str) -> None:
+        """Every rank's shards, then rank 0's two last files; then the local copy goes (on every node)."""
+        ckpt.upload_shards(local, path, rank=self.rank)
+        _barrier()
+        if self.rank == 0:
+            ckpt.upload_last(local, path)
+        _barrier()
+        shutil.rmtree(local, ignore_errors=True)
 
     def report(self, report: WorkerReport, checkpoint: str | None = None) -> None:
         if self.writer:
@@ -213,6 +231,19 @@ class TorchrunSession:
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _from_rank0(value: str | None) -> str | None:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def in_ray() -> bool:

@@ -91,8 +91,8 @@ def train(run, metrics: TrialMetrics) -> None:
     if trains_in_trial(run.cfg):
         from raydl.train.loop import train_worker
 
-        train_worker(run.job, InTrialSession(str(run.run_dir), run.cfg, tensorboard.events_dir(run.cfg, run.job),
-                                             metrics))
+        train_worker(run.job, InTrialSession(str(run.run_dir), run.job["run_id"], run.cfg,
+                                             tensorboard.events_dir(run.cfg, run.job), metrics))
         return
     from raydl.driver.ray_trainer import build_trainer
 
