@@ -177,14 +177,23 @@ def local_copy(location: str, field: str, *, only: tuple[str, ...] = ()) -> Iter
     scratch = tempfile.mkdtemp(prefix="raydl-download-")
     local = os.path.join(scratch, os.path.basename(path.rstrip("/")))
     try:
-        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
-            if info.type == pafs.FileType.File and (not only or info.base_name in only):
-                target = os.path.join(local, os.path.relpath(info.path, path))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                pafs.copy_files(info.path, target, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        download_dir(fs, path, local, only=only)
         yield local
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def download_dir(fs: pafs.FileSystem, path: str, local: str, *, only: tuple[str, ...] = ()) -> None:
+    """Copy the files below `path` in `fs` into the local directory `local` (nothing if `path` is absent); `only`:
+    just the files of these names. An object key is any string: one that would land outside `local` is skipped."""
+    root = os.path.realpath(local)
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)):
+        target = os.path.realpath(os.path.join(root, os.path.relpath(info.path, path)))
+        if info.type != pafs.FileType.File or (only and info.base_name not in only) or \
+                not target.startswith(root + os.sep):
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pafs.copy_files(info.path, target, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
 
 
 def upload_dir(local: str, fs: pafs.FileSystem, path: str, *, last: str | None = None) -> None:

@@ -34,11 +34,13 @@ import yaml
 from ray.tune import Callback
 
 from raydl import log as raydl_log
+from raydl import storage
 from raydl.metrics import tensorboard
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.cost import CPU, Pricing
+from raydl.tune import mirror as sweep_mirror
 from raydl.tune import report
 from raydl.tune.space import (SweepSpec, parse_sweep, trains_in_trial, trial_config, trial_cpus_gpus,
                                trial_resources, trial_tree)
@@ -46,6 +48,7 @@ from raydl.tune.trial_session import InTrialSession, TrialMetrics, TrialReporter
 
 SWEEP_FILE, TUNE_DIR, TRIALS_DIR, COMPLETED_FILE = "sweep.yaml", "tune", "trials", "completed_trials.txt"
 STARTS_FILE = "trial_starts.jsonl"
+REPORT_FILES = ("results.csv", "results.json", "results.png", "best.yaml")
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +61,12 @@ def trial_history(trial_dir: Path) -> list[dict[str, Any]]:
     return report.stitch([report.read_records(a) for a in _attempts(trial_dir)])
 
 
-def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, model=None, import_dir: str = "") -> None:
+def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, mirror: str | None = None, model=None,
+              import_dir: str = "") -> None:
     """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint.
-    `model`: the ModelSpec object of raydl.sweep(model=...), or None for model.name's, which is imported from
-    `import_dir` (the sweep driver's working directory; Tune runs trials in their own)."""
+    `mirror`: the sweep's place in a bucket (raydl.tune.mirror), or None. `model`: the ModelSpec object of
+    raydl.sweep(model=...), or None for model.name's, which is imported from `import_dir` (the sweep driver's
+    working directory; Tune runs trials in their own)."""
     from ray import tune
 
     from raydl.driver.prepare import checkpoints_location, prepare_run
@@ -71,19 +76,27 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     raydl_log.quiet_exits_in_callbacks()   # Tune ends this actor with SIGTERM
     search_from(import_dir)
     spec = parse_sweep(sweep)
-    trial_dir = Path(sweep_dir) / TRIALS_DIR / tune.get_context().get_trial_id()
+    trial_id = tune.get_context().get_trial_id()
+    if mirror:   # its earlier attempts may have run on another node
+        sweep_mirror.pull(mirror, Path(sweep_dir), TRIALS_DIR, trial_id)
+    trial_dir = Path(sweep_dir) / TRIALS_DIR / trial_id
     attempts = _attempts(trial_dir)
     # An attempt's checkpoints are in its directory, or where the sweep's checkpoint.storage_path (a bucket) put them.
     latest = (ckpt.find_latest(checkpoints_location(str(a))) for a in reversed(attempts))
     resume_from = next((c for c in latest if c), None)
     resumed_step = ckpt.read_state(resume_from)["step"] if resume_from else 0
-    tree = apply_overrides(trial_tree(spec, params), {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"),
-                                                      "scaling.max_failures": 0})
+    overrides = {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"), "scaling.max_failures": 0,
+                 **({"checkpoint.storage_path": sweep_mirror.trial_checkpoints(mirror, trial_id)} if mirror else {})}
+    tree = apply_overrides(trial_tree(spec, params), overrides)
     run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
     run.job[tensorboard.JOB_KEY] = str(Path(sweep_dir) / tensorboard.EVENTS_DIR / trial_dir.name)   # attempts append
     prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
     metrics = TrialMetrics(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
-    train(run, metrics)   # raises on any failure -> trial ERROR
+    try:
+        train(run, metrics)   # raises on any failure -> trial ERROR
+    finally:
+        if mirror:
+            sweep_mirror.push_attempt(run.run_dir, mirror, trial_id)
 
 
 def train(run, metrics: TrialMetrics) -> None:
@@ -220,28 +233,28 @@ def new_sweep_dir(spec: SweepSpec) -> Path:
     return sweep_dir
 
 
-def _trainable(spec: SweepSpec, sweep_dir: Path, model):
+def _trainable(spec: SweepSpec, sweep_dir: Path, mirror: str | None, model):
     from ray import tune
 
     from raydl.driver.ray_trainer import use_gpu
 
     gpu = use_gpu(spec.base_config())
-    with_data = tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), model=model,
-                                     import_dir=os.getcwd())
+    with_data = tune.with_parameters(run_trial, sweep=spec.to_dict(), sweep_dir=str(sweep_dir), mirror=mirror,
+                                     model=model, import_dir=os.getcwd())
     return tune.with_resources(with_data, lambda params: trial_resources(trial_config(spec, params), gpu))
 
 
-def _tuner(spec: SweepSpec, sweep_dir: Path, concurrency: int, model):
+def _tuner(spec: SweepSpec, sweep_dir: Path, mirror: str | None, concurrency: int, model):
     from ray import tune
 
     return tune.Tuner(
-        _trainable(spec, sweep_dir, model),
+        _trainable(spec, sweep_dir, mirror, model),
         param_space={d.path: d.tune_domain() for d in spec.space.values()},
         # reuse_actors: the next trial of the same resources starts in a finished trial's process, its imports done.
         tune_config=tune.TuneConfig(num_samples=spec.num_samples, max_concurrent_trials=concurrency,
                                     scheduler=_asha(spec), trial_dirname_creator=lambda t: t.trial_id,
                                     reuse_actors=True),
-        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=2 if _verbose() else 0,
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=mirror or str(sweep_dir), verbose=2 if _verbose() else 0,
                                   callbacks=[Progress(sweep_dir)]),
     )
 
@@ -260,9 +273,13 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     require_price(spec, gpu=use_gpu(spec.base_config()))
     concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
     sweep_dir = new_sweep_dir(spec)
+    mirror = sweep_mirror.location(spec.base_config(), sweep_dir.name)
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    log.info(f"sweep directory: {sweep_dir} ({num_trials(spec)} trials, {concurrency} at a time)")
-    return _finish(spec, sweep_dir, _tuner(spec, sweep_dir, concurrency, model))
+    if mirror:
+        sweep_mirror.push_file(sweep_dir / SWEEP_FILE, mirror)
+    log.info(f"sweep directory: {sweep_dir}{f', kept in {mirror}' if mirror else ''} ({num_trials(spec)} trials, "
+             f"{concurrency} at a time)")
+    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model))
 
 
 def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=None) -> dict[str, Any]:
@@ -271,16 +288,37 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=Non
 
     from raydl.driver.ray_trainer import connect, ray_env
 
-    sweep_dir = Path(sweep_dir).resolve()
-    if not (sweep_dir / SWEEP_FILE).is_file() or not tune.Tuner.can_restore(str(sweep_dir / TUNE_DIR)):
-        raise ConfigError("--resume", f"'{sweep_dir}' is not a sweep directory (needs {SWEEP_FILE} and {TUNE_DIR}/)",
-                          "pass the directory that `raydl sweep` printed as 'sweep directory'")
-    spec = parse_sweep(yaml.safe_load((sweep_dir / SWEEP_FILE).read_text()))
+    given = str(sweep_dir)
+    sweep_dir, mirror = _from_bucket(given) if storage.is_uri(given) else (Path(given).resolve(), None)
+    spec = parse_sweep(yaml.safe_load((sweep_dir / SWEEP_FILE).read_text())) if (sweep_dir / SWEEP_FILE).is_file() \
+        else None
+    mirror = mirror or (sweep_mirror.location(spec.base_config(), sweep_dir.name) if spec else None)
+    experiment = storage.join(mirror, TUNE_DIR) if mirror else str(sweep_dir / TUNE_DIR)
+    if spec is None or not tune.Tuner.can_restore(experiment):
+        raise ConfigError("--resume", f"'{given}' is not a sweep directory (needs {SWEEP_FILE} and {TUNE_DIR}/)",
+                          "pass the directory that `raydl sweep` printed as 'sweep directory', or the bucket "
+                          "location it printed after 'kept in'")
     connect(address, ray_env(spec.base_config()))
     log.info(f"resuming sweep {sweep_dir}")
-    tuner = tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=_trainable(spec, sweep_dir, model),
+    tuner = tune.Tuner.restore(experiment, trainable=_trainable(spec, sweep_dir, mirror, model),
                                resume_unfinished=True, resume_errored=False)
-    return _finish(spec, sweep_dir, tuner)
+    return _finish(spec, sweep_dir, mirror, tuner)
+
+
+def _from_bucket(mirror: str) -> tuple[Path, str]:
+    """(the local sweep directory, rebuilt from the bucket's files where it is missing, the bucket location):
+    for a sweep whose driver's node, and its disk, are gone."""
+    storage.check(mirror, "--resume")
+    with storage.local_copy(mirror, "--resume", only=(SWEEP_FILE,)) as scratch:
+        found = Path(scratch) / SWEEP_FILE
+        if not found.is_file():
+            raise ConfigError("--resume", f"'{mirror}' holds no {SWEEP_FILE}, so it is not a sweep kept in a bucket",
+                              "pass the location `raydl sweep` printed after 'kept in'")
+        spec = parse_sweep(yaml.safe_load(found.read_text()))
+    sweep_dir = (Path(spec.base_config().run.runs_dir) / mirror.rstrip("/").rsplit("/", 1)[1]).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    sweep_mirror.pull(mirror, sweep_dir, only=(SWEEP_FILE, STARTS_FILE, COMPLETED_FILE))
+    return sweep_dir, mirror
 
 
 def num_trials(spec: SweepSpec) -> int:
@@ -313,7 +351,7 @@ def _verbose() -> bool:
     return raydl_log.current_verbosity() >= raydl_log.VERBOSE
 
 
-def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
+def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner) -> dict[str, Any]:
     from ray.exceptions import RayActorError, RaySystemError
 
     t0 = time.time()
@@ -323,13 +361,20 @@ def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
             grid = tuner.fit()
     except (RayActorError, RaySystemError, ConnectionError) as e:   # Tune's own actors are gone with the cluster
         raise ClusterLost(f"the Ray cluster of sweep {sweep_dir} went away ({one_line(e)[:300]}). Finished trials and "
-                          f"their checkpoints are in {sweep_dir}. Fix: bring the cluster back and continue with "
-                          f"`raydl sweep --resume {sweep_dir}`.") from None
+                          f"their checkpoints are in {mirror or sweep_dir}. Fix: bring the cluster back and continue "
+                          f"with `raydl sweep --resume {sweep_dir}`.") from None
+    finally:
+        for name in (STARTS_FILE, COMPLETED_FILE) if mirror else ():
+            sweep_mirror.push_file(sweep_dir / name, mirror)
+    if mirror:   # the attempts, from whichever node ran them
+        sweep_mirror.pull(mirror, sweep_dir, TRIALS_DIR)
     completed_file = sweep_dir / COMPLETED_FILE
     completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
     starts = read_starts(sweep_dir)
     rows = sorted((trial_row(spec, sweep_dir, r, completed, starts) for r in grid), key=lambda r: r["trial"])
     summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
+    for name in REPORT_FILES if mirror else ():
+        sweep_mirror.push_file(sweep_dir / name, mirror)
     summary["fit_s"] = time.time() - t0
     return summary
 
