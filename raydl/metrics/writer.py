@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raydl import log as raydl_log
+from raydl.metrics.run_mirror import RunMirror
 from raydl.metrics.tensorboard import EventsWriter
 from raydl.telemetry.cost import CostMeter, Pricing, last_line
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
@@ -28,9 +29,10 @@ log = logging.getLogger(__name__)
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None,
-                 say: Callable[[str], None] = log.info):
+                 say: Callable[[str], None] = log.info, mirror: str | None = None):
         """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `say`: where the progress
-        lines go (the sink keeps them for the driver to print)."""
+        lines go (the sink keeps them for the driver to print). `mirror`: a bucket location that keeps a copy of
+        the run's record (raydl.metrics.run_mirror)."""
         raydl_log.ensure_configured()   # it runs in Train's controller actor or a torchrun rank: not the CLI's process
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -43,6 +45,7 @@ class MetricsWriter:
         self.last_checkpoint: str | None = None
         self.pending_cause: str | None = None   # why the current worker group will end, told before its successor
         self.events = EventsWriter(events_dir) if events_dir else None
+        self.mirror = RunMirror(self.run_dir, mirror) if mirror else None
         self.cost = CostMeter(Pricing.for_run_dir(self.run_dir))
         if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
             self.cost.resume(line)
@@ -79,6 +82,8 @@ class MetricsWriter:
             self._print_progress(records[-1], report.total_steps)
         if report.final:
             self.write_summary(report.final)
+        if self.mirror:
+            self.mirror.push(now=report.final is not None)
 
     def _restart(self, cause: str, first: StepRecord) -> dict[str, Any]:
         """A new worker group's first step: how many steps it redoes and the wall time the restart cost.

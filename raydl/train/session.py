@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from raydl import log as raydl_log
 from raydl import storage
+from raydl.metrics import run_mirror
 from raydl.metrics.writer import MetricsWriter
 from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
@@ -182,7 +183,8 @@ class TorchrunSession:
         # The run directory's train/, or storage_path/<run>-<run id> (a bucket): as under Ray Train. Only rank 0
         # of a new run knows the run id it wrote.
         self.checkpoints_at = storage.join(*storage.run_checkpoints(storage_path, run_dir, _from_rank0(run_id)))
-        self.writer = MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir) if self.rank == 0 else None
+        self.writer = MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir,
+                                    mirror=run_mirror.location(self.checkpoints_at)) if self.rank == 0 else None
         self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager

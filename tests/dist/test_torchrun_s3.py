@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHECKPOINT_FILES = [".metadata", "__0_0.distcp", "__1_0.distcp", "files-rank0.json", "files-rank1.json",
                     "raydl_state.json"]
+RECORD_FILES = ["config.yaml", "metrics.jsonl", "run_id", "summary.json"]
 
 
 def _checkpoints(bucket: str, prefix: str) -> dict[str, list[str]]:
@@ -35,9 +36,13 @@ def test_torchrun_checkpoints_to_a_bucket_and_resumes_from_it(s3_bucket, tiny_ov
     run_id = (tmp_path / "first" / "run_id").read_text().strip()
     summary = json.loads((tmp_path / "first" / "summary.json").read_text())
     assert summary["checkpoint"] == f"{s3_bucket}/ckpt/first-{run_id}/step_00000020"
-    # keep=1: step 10 was removed from the bucket once step 20 was complete; nothing stays on local disk
-    assert _checkpoints(bucket, "ckpt/") == {f"first-{run_id}/step_00000020": CHECKPOINT_FILES}
+    # keep=1: step 10 was removed from the bucket once step 20 was complete; nothing stays on local disk; the
+    # run's record beside its checkpoints
+    assert _checkpoints(bucket, "ckpt/") == {f"first-{run_id}/step_00000020": CHECKPOINT_FILES,
+                                             f"first-{run_id}/run": RECORD_FILES}
     assert not list((tmp_path / "first").glob("train/step_*"))
+    record = boto3.client("s3").get_object(Bucket=bucket, Key=f"ckpt/first-{run_id}/run/summary.json")["Body"]
+    assert json.loads(record.read()) == summary
 
     more = [s.replace("train.max_steps=20", "train.max_steps=30") for s in sets]
     second = torchrun_worker(2, tmp_path / "second", more, timeout_s=300, resume=tmp_path / "first")

@@ -74,6 +74,8 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
     keys = objects(f"{ckpts}/{name}/")
     assert any(k.endswith("step_00000200/raydl_state.json") for k in keys), keys
     assert not list(tmp_path.rglob("s3:")) and not (run_dir / "train").exists()   # nothing of it on local disk
+    p = raydl(tmp_path, "report", f"{ckpts}/{name}/run")     # the run's record beside its checkpoints
+    assert p.returncode == 0 and "200" in p.stdout, p.stderr[-4000:]
 
     # The newest checkpoint's upload cut off: its state and .metadata are there, one rank's shard is not.
     bucket = s3_bucket.removeprefix("s3://")
