@@ -23,7 +23,8 @@ from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.materialize import MetaInit
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.pipeline import forward_chain, pipeline_model
-from raydl.parallel.profile import device_memory_bytes, shared_profile
+from raydl.parallel.memory_probe import model_memory
+from raydl.parallel.profile import memory_budget, shared_profile
 from raydl.train import step as train_step
 from raydl.train.optim import clip_grad_norm
 from raydl.train.precision import autocast
@@ -153,12 +154,13 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
 
 def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
                   init: MetaInit | None = None) -> Layout:
-    """`Layout.from_config` with what its policies choose from: the model's size and the device's memory for
-    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp (on a
-    model built on meta: one materialized block at a time)."""
+    """`Layout.from_config` with what its policies choose from: the memory prediction of the model (read on meta)
+    against this worker's memory budget, and a profile of the model measured here when the planner chooses pp
+    (on a model built on meta: one materialized block at a time)."""
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
-    sizes = {"num_blocks": len(model.blocks), "memory_bytes": device_memory_bytes(session.device, workers_on_host),
-             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    sizes = {"num_blocks": len(model.blocks), "memory_bytes": memory_budget(cfg, session.device, workers_on_host),
+             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+             "model_memory": model_memory(model, spec, meta), "device_type": session.device.type}
     real_block = functools.partial(init.real_copy, device=session.device) if init else None
     profile = shared_profile(model, spec, meta, cfg, session.device, real_block) if Layout.needs_profile(cfg) else None
     return Layout.from_config(cfg, session.world_size, profile, **sizes)
