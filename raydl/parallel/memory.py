@@ -135,7 +135,8 @@ def build_bytes(model: ModelMemory, *, dp: int, pp: int, schedule: str = "1f1b",
     if whole:
         return model.param_bytes
     shard = dp if wrapper == "fsdp" else 1
-    owned = max(sum(s.param_bytes for s in stages) for stages in _rank_blocks(model, pp, schedule, stage_cuts))
+    owned = max(sum(b.param_bytes for stage in stages for b in stage)
+                for stages in _rank_blocks(model, pp, schedule, stage_cuts))
     return math.ceil(owned / shard) + (model.largest_tensor_bytes if shard > 1 else 0)
 
 

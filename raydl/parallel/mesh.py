@@ -75,7 +75,8 @@ class Layout:
         wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
                                          memory_bytes=memory_bytes, predicted=predicted)
         layout = replace(layout, dp_wrapper=wrapper, dp_wrapper_reason=why)
-        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper)
+        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper,
+                 cpu_offload=cfg.train.cpu_offload)
         if model_memory is not None and memory_bytes:
             check_memory(layout, cfg, model_memory, memory_bytes=memory_bytes, device_type=device_type)
         return layout
@@ -289,8 +290,14 @@ def _fix(layout: Layout, ac: bool) -> str:
     return " ".join(f"--set {s}" for s in sets)
 
 
-def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str) -> None:
-    """Raise LayoutError for a pipeline (pp > 1) torch would reject, before any process group work."""
+def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str, cpu_offload: bool = False) -> None:
+    """Raise LayoutError for a pipeline (pp > 1) torch would reject, or an offload nothing would do, before any
+    process group work."""
+    if cpu_offload and (layout.dp == 1 or dp_wrapper != "fsdp"):
+        raise LayoutError(f"train.cpu_offload=true needs FSDP2 fully_shard over at least 2 data-parallel workers, "
+                          f"which offloads its shards; this layout has dp={layout.dp} with wrapper {dp_wrapper!r}. "
+                          f"Fix: set parallel.dp_wrapper=fsdp with 2 or more data-parallel workers, or "
+                          f"train.cpu_offload=false.")
     if layout.pp == 1:
         return
     constraints.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,

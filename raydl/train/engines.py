@@ -56,7 +56,9 @@ class DataParallelEngine:
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         self.model = apply_data_parallel(model, dp_mesh=mesh["dp"] if mesh is not None else None,
                                          wrapper=layout.dp_wrapper, pp_enabled=False,
-                                         materialize=materializer(init, self.device))
+                                         materialize=materializer(init, param_device(cfg, self.device)),
+                                         precision=self.precision,
+                                         cpu_offload=cfg.train.cpu_offload)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -84,7 +86,8 @@ class PipelineEngine:
         self.pp_group = mesh["pp"].get_group()
         self.pp_rank = layout.coords(session.rank)[1]
         parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=layout.dp_wrapper,
-                                        pp_enabled=True, materialize=materializer(init, self.device))
+                                        pp_enabled=True, materialize=materializer(init, param_device(cfg, self.device)),
+                                        precision=self.precision, cpu_offload=cfg.train.cpu_offload)
         self.schedule, self.stages, self.model = pipeline_model(
             model, layout=layout, pp_rank=self.pp_rank, pp_group=self.pp_group, device=self.device,
             parallelize=parallelize, loss_fn=spec.loss)
@@ -136,6 +139,12 @@ def _reduce_eval(loss_sum: float, n: int, correct: int, counted: int, device: to
         dist.all_reduce(t)
     loss_sum, n, correct, counted = t.tolist()
     return {"loss": loss_sum / max(n, 1), "accuracy": correct / counted if counted else None, "batches": int(n)}
+
+
+def param_device(cfg: JobConfig, device: torch.device) -> torch.device:
+    """Where a rank's parameters live: host memory under FSDP2's CPU offload (torchtitan's init device), else the
+    device it computes on."""
+    return torch.device("cpu") if cfg.train.cpu_offload else device
 
 
 def materializer(init: MetaInit | None, device: torch.device) -> Callable[[nn.Module], None]:
