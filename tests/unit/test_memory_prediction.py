@@ -130,3 +130,20 @@ def test_the_meta_probe_counts_parameters_and_per_sample_activations():
     h0 = counted.blocks[1]
     assert h0.output_bytes == 16 * 64 * 4 and h0.activation_bytes > 10 * h0.output_bytes
     assert counted.loss_bytes == 16 * 100 * 4 and counted.largest_tensor_bytes == 64 * 256 * 4   # an MLP weight
+
+
+def test_raydl_train_refuses_a_layout_that_cannot_fit_before_any_worker_starts(tmp_path, data_cache, capsys,
+                                                                               monkeypatch):
+    from raydl.cli import main
+    from tests.unit.test_bad_inputs_config import tree_digest
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.txt").write_text("untouched")
+    before = tree_digest(tmp_path)
+    sets = [f"data.cache_dir={data_cache}", "model.options.layers=24", "model.options.width=1024",
+            "model.options.heads=16", "scaling.memory_per_worker_gb=2"]
+    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit in memory" in err and "weights 577 + grads 577 + optimizer 1,153" in err
+    assert "but has 2.00 GiB (scaling.memory_per_worker_gb=2)" in err and "workers would fit" in err
+    assert "Traceback" not in err and tree_digest(tmp_path) == before
