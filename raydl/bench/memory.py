@@ -19,6 +19,7 @@ heavy jobs on this shared machine never overlap. The issue's targets are checked
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from raydl.bench import harness
+from raydl.bench.startup import private_env
 
 BIN = Path(sys.executable).parent
 LOCK = "/tmp/raydl-bigmem.lock"
@@ -101,14 +103,36 @@ def predicted(overrides: list[str], data_cache: Path) -> dict[str, Any]:
             "total_bytes": sum(p.rank_peak_bytes) * layout.dp}
 
 
-def train_once(work: Path, overrides: list[str], big: bool) -> dict[str, Any]:
-    """One `raydl train`: each rank's peaks (MiB) and the command -> first step time."""
+def available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def wait_for_memory(need: int, timeout_s: float = 600) -> None:
+    """Start a run only when the machine has room for it (at most 90% of it): other work here comes and goes."""
+    need = min(need, int(0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+    deadline = time.monotonic() + timeout_s
+    while available_bytes() < need and time.monotonic() < deadline:
+        time.sleep(5)
+
+
+def train_once(work: Path, overrides: list[str], need: int, attempts: int = 2) -> dict[str, Any]:
+    """One `raydl train`: each rank's peaks (MiB) and the command -> first step time. A run killed by other work's
+    memory on this shared machine is retried once."""
     run_dir, mem_dir = work / f"run-{time.time_ns()}", work / f"mem-{time.time_ns()}"
     sets = [*overrides, f"run.dir={run_dir}", f"debug.memory_dir={mem_dir}"]
     command = [str(BIN / "raydl"), "train", *(a for s in sets for a in ("--set", s))]
-    if big:
+    if need > BIG_BYTES:
         command = ["flock", LOCK, *command]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wait_for_memory(need)
+    # Ray's memory monitor kills workers when the node is nearly full, whoever filled it: off for the measurement.
+    env = private_env(work / "ray", RAY_memory_monitor_refresh_ms="0")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode and attempts > 1:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return train_once(work, overrides, need, attempts - 1)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} exited with {done.returncode}:\n{done.stderr[-3000:]}")
     ranks = sorted((json.loads(p.read_text()) for p in mem_dir.glob("memory-rank*.json")), key=lambda r: r["rank"])
@@ -187,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for layout in args.layouts:
             base = [*COMMON, f"data.cache_dir={data}", *LAYOUTS[layout]]
-            tiny_runs = [train_once(work, [*base, *MODELS["gpt-tiny"]], big=False) for _ in range(args.repeats)]
+            tiny_runs = [train_once(work, [*base, *MODELS["gpt-tiny"]], need=0) for _ in range(args.repeats)]
             tiny = harness.summarize(tiny_runs)
             for name in args.models:
                 overrides = [*base, *(o.format(weights=weights) for o in MODELS[name])]
                 prediction = predicted(overrides, data)
-                big = prediction["total_bytes"] > BIG_BYTES or name == "gpt-1b"
-                sides = {side: (lambda extra=extra: train_once(work, [*overrides, *extra], big))
+                # before: every worker also holds the whole model
+                need = int(prediction["total_bytes"] + prediction["workers"] * (prediction["model_mib"] + 700) * 2**20)
+                sides = {side: (lambda extra=extra: train_once(work, [*overrides, *extra], need))
                          for side, extra in SIDES.items()}
                 runs = harness.alternate(sides, args.repeats)
                 row = analyse(name, layout, {s: harness.summarize(r) for s, r in runs.items()}, tiny, prediction)
