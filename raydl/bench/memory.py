@@ -86,7 +86,8 @@ def predicted(overrides: list[str], data_cache: Path) -> dict[str, Any]:
     from raydl.overrides import load_config
     from raydl.parallel.memory import Setting, build_bytes
     from raydl.parallel.memory_probe import model_memory
-    from raydl.parallel.mesh import Layout, predict_memory
+    from raydl.parallel.memory_fit import predict_memory
+    from raydl.parallel.mesh import Layout
 
     cfg = load_config(None, [*overrides, f"data.cache_dir={data_cache}"])
     chosen = choose_model(cfg.model, None)
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(repeats=3)
     p.add_argument("--models", nargs="+", default=[m for m in MODELS if m != "gpt-tiny"], choices=list(MODELS))
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument("--tiny-repeats", type=int, default=0, help="Runs of the tiny baseline per layout (0 = --repeats).")
     args = harness.parse_args(p, argv)
     session = harness.Session("memory", args)
     work = Path(tempfile.mkdtemp(prefix="raydl-bench-mem-", dir="/tmp"))
@@ -211,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for layout in args.layouts:
             base = [*COMMON, f"data.cache_dir={data}", *LAYOUTS[layout]]
-            tiny_runs = [train_once(work, [*base, *MODELS["gpt-tiny"]], need=0) for _ in range(args.repeats)]
+            tiny_runs = [train_once(work, [*base, *MODELS["gpt-tiny"]], need=0)
+                         for _ in range(args.tiny_repeats or args.repeats)]
             tiny = harness.summarize(tiny_runs)
             for name in args.models:
                 overrides = [*base, *(o.format(weights=weights) for o in MODELS[name])]

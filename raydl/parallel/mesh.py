@@ -16,14 +16,13 @@ from dataclasses import asdict, dataclass, replace
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
-from raydl.parallel import constraints, memory, search
+from raydl.parallel import constraints, search
 from raydl.parallel.cost_model import Candidate
 from raydl.parallel.memory import ModelMemory, Setting
 from raydl.parallel.profile import ModelProfile
 from raydl.parallel.wrapper_policy import WRAPPER_NAMES, choose_dp_wrapper
 
-__all__ = ["Layout", "describe", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh",
-           "predict_memory", "check_memory"]
+__all__ = ["Layout", "describe", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,10 @@ class Layout:
         pipelined = pp > 1
         layout = cls(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
                      schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
+        from raydl.parallel.memory_fit import check_memory, peak_with   # it builds Layouts: imported here
+
         predicted = None if model_memory is None else functools.partial(
-            _peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
+            peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
         wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
                                          memory_bytes=memory_bytes, predicted=predicted)
         layout = replace(layout, dp_wrapper=wrapper, dp_wrapper_reason=why)
@@ -188,106 +189,11 @@ def _predicted_fit(candidate: Candidate, cfg: JobConfig, model_memory: ModelMemo
                     micro_batch=candidate.micro_batch, num_microbatches=candidate.num_microbatches,
                     schedule=candidate.schedule if candidate.pp > 1 else "none",
                     stage_cuts=candidate.stage_cuts if candidate.pp > 1 else ())
+    from raydl.parallel.memory_fit import peak_with   # it builds Layouts: imported here
+
     setting = Setting.from_config(cfg, device_type)
     options = ["fsdp"] if cfg.parallel.dp_wrapper == "auto" else [cfg.parallel.dp_wrapper]
-    return any(_peak_with(layout, model_memory, setting, device_type, w) <= memory_bytes for w in options)
-
-
-def _peak_with(layout: Layout, model_memory: ModelMemory, setting: Setting, device_type: str, wrapper: str) -> int:
-    """The fullest worker's predicted peak, the process included, if `layout` trained with `wrapper`."""
-    return predict_memory(replace(layout, dp_wrapper=wrapper), model_memory, setting).with_runtime(device_type)
-
-
-def predict_memory(layout: Layout, model_memory: ModelMemory, setting: Setting) -> memory.Prediction:
-    return memory.predict(model_memory, dp=layout.dp, pp=layout.pp, micro_batch=layout.micro_batch,
-                          num_microbatches=layout.num_microbatches, schedule=layout.schedule,
-                          stage_cuts=layout.stage_cuts, wrapper=layout.dp_wrapper, setting=setting)
-
-
-def check_memory(layout: Layout, cfg: JobConfig, model_memory: ModelMemory, *, memory_bytes: int,
-                 device_type: str) -> None:
-    """Raise LayoutError, one paragraph of numbers and the layouts that would fit, when the predicted peak of
-    the fullest worker (the process included) exceeds `memory_bytes`."""
-    setting = Setting.from_config(cfg, device_type)
-    prediction = predict_memory(layout, model_memory, setting)
-    need = prediction.with_runtime(device_type)
-    if need <= memory_bytes:
-        return
-    where = f" (pipeline rank {prediction.fullest})" if layout.pp > 1 else ""
-    fitting = _fitting_layouts(cfg, model_memory, layout.world_size, setting, memory_bytes, device_type)
-    hint = ("; ".join(fitting) if fitting else
-            f"none of the {layout.world_size}-worker layouts fits; "
-            f"{_more_workers(cfg, model_memory, layout.world_size, setting, memory_bytes, device_type)}, "
-            f"a smaller train.micro_batch_size or model, or a larger scaling.memory_per_worker_gb where the workers "
-            f"have that memory")
-    raise LayoutError(
-        f"the layout does not fit in memory: {_layout_words(layout)} needs a predicted {memory.gib(need)} GiB per "
-        f"worker{where} ({prediction.breakdown()} for the model, + {memory.mib(memory.RUNTIME_BYTES[device_type])} "
-        f"MiB for the process) but has {memory.gib(memory_bytes)} GiB ({_budget_source(cfg, device_type)}). "
-        f"Layouts that would fit: {hint}.")
-
-
-def _budget_source(cfg: JobConfig, device_type: str) -> str:
-    if cfg.scaling.memory_per_worker_gb:
-        return f"scaling.memory_per_worker_gb={cfg.scaling.memory_per_worker_gb:g}"
-    return "the GPU's memory" if device_type == "cuda" else "this node's RAM / the workers on it"
-
-
-def _layout_words(layout: Layout, ac: bool | None = None) -> str:
-    words = f"dp={layout.dp}"
-    if layout.dp > 1:
-        words += f" ({layout.dp_wrapper})"
-    if layout.pp > 1:
-        words += f" pp={layout.pp} ({layout.schedule}, m={layout.num_microbatches})"
-    words += f" micro-batch {layout.micro_batch}"
-    return words + (" with activation checkpointing" if ac else "")
-
-
-def _fitting_layouts(cfg: JobConfig, model_memory: ModelMemory, world_size: int, setting: Setting,
-                     memory_bytes: int, device_type: str, limit: int = 4) -> list[str]:
-    """The leanest layouts of `world_size` workers that fit, as settings to pass: every pp raydl could cut,
-    every data-parallel wrapper, with and without activation checkpointing."""
-    num_blocks = len(model_memory.blocks)
-    found = []
-    for pp in (d for d in constraints.divisors(world_size) if d <= num_blocks):
-        schedule = cfg.parallel.schedule if pp > 1 else "none"
-        try:
-            with warnings.catch_warnings():   # a global batch this dp cannot split exactly: shown as it would run
-                warnings.simplefilter("ignore")
-                micro, m = batch_split(global_batch=cfg.train.global_batch_size,
-                                       micro_batch=cfg.train.micro_batch_size, dp=world_size // pp, strict=False,
-                                       num_microbatches=cfg.parallel.num_microbatches if pp > 1 else 0)
-        except LayoutError:
-            continue
-        base = Layout(world_size=world_size, dp=world_size // pp, pp=pp, micro_batch=micro, num_microbatches=m,
-                      schedule=schedule)
-        wrappers = ["none"] if base.dp == 1 else ["fsdp", "ddp" if pp == 1 else "replicate"]
-        for wrapper in wrappers:
-            for ac in (False, True):
-                layout = replace(base, dp_wrapper=wrapper)
-                need = predict_memory(layout, model_memory, replace(setting, activation_checkpointing=ac))
-                if need.with_runtime(device_type) <= memory_bytes:
-                    found.append((need.peak_bytes, _fix(layout, ac), memory.gib(need.with_runtime(device_type))))
-    found.sort()
-    return [f"{fix} ({need} GiB)" for _, fix, need in found[:limit]]
-
-
-def _more_workers(cfg: JobConfig, model_memory: ModelMemory, world_size: int, setting: Setting, memory_bytes: int,
-                  device_type: str, most: int = 1024) -> str:
-    """The fewest workers that fit with FSDP2 (the layout that divides everything over dp)."""
-    for size in range(world_size + 1, most + 1):
-        if _fitting_layouts(cfg, model_memory, size, setting, memory_bytes, device_type, limit=1):
-            return f"{size} workers would fit (scaling.min_workers/max_workers={size})"
-    return f"no number of workers up to {most} fits"
-
-
-def _fix(layout: Layout, ac: bool) -> str:
-    sets = [f"parallel.pp_degree={layout.pp}"]
-    if layout.dp > 1:
-        sets.append(f"parallel.dp_wrapper={layout.dp_wrapper}")
-    if ac:
-        sets.append("model.activation_checkpointing=true")
-    return " ".join(f"--set {s}" for s in sets)
+    return any(peak_with(layout, model_memory, setting, device_type, w) <= memory_bytes for w in options)
 
 
 def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str, cpu_offload: bool = False) -> None:
