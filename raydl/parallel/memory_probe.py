@@ -76,5 +76,5 @@ def _meta_activations(model: BlockModel, spec: ModelSpec, meta: dict[str, Any]) 
             out.append((float(sum(saved.values())), float(x.numel() * x.element_size())))
         return out
     except Exception as e:   # a user's model that needs real values: its activations are not counted
-        log.info(f"activation memory not predicted: the model's forward raised {type(e).__name__} on meta ({e})")
+        log.debug(f"activation memory not predicted: the model's forward raised {type(e).__name__} on meta ({e})")
         return None
