@@ -1,6 +1,6 @@
 """raydl bench memory: each worker's peak memory and the time to its first step, whole-model build vs meta build, next to the prediction.
 
-    raydl bench memory --repeats 3                                  # every model x layout (long: ~1 h here)
+    raydl bench memory --repeats 3                                  # every model x layout (hours on 2 cores)
     raydl bench memory --repeats 1 --models gpt-302m --layouts dp2-fsdp
 
 Each run is a real `raydl train` (a subprocess, 2 steps, SGD without momentum, micro-batch 1) whose workers write
