@@ -1,4 +1,4 @@
-"""raydl bench memory: each worker's peak memory and the time to its first step, whole-model build vs meta build, next to the prediction.
+"""raydl bench memory: peak memory per worker and time to first step, whole vs meta build, beside the prediction.
 
     raydl bench memory --repeats 3                                  # every model x layout (hours on 2 cores)
     raydl bench memory --repeats 1 --models gpt-302m --layouts dp2-fsdp
