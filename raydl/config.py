@@ -111,7 +111,14 @@ class TrainSection:
     micro_batch_size: int = _f(32, "Samples per forward/backward on one worker; accumulation = global / (micro * data-parallel size).")
     max_steps: int = _f(500, "Optimizer steps to train; 0 = use max_epochs.")
     max_epochs: int = _f(0, "Epochs to train when max_steps is 0.")
-    precision: str = _f("fp32", "fp32, bf16 (autocast) or fp16 (autocast + GradScaler).", choices=PRECISIONS)
+    precision: str = _f("fp32", "fp32, bf16 (autocast; with FSDP2 fully_shard or replicate also bf16 parameters for "
+                        "compute and fp32 gradient reduction, the fp32 parameters and optimizer states staying "
+                        "master) or fp16 (autocast + GradScaler).", choices=PRECISIONS)
+    cpu_offload: bool = _f(False, "GPU with parallel.dp_wrapper=fsdp: keep the parameter shards, gradients and "
+                           "optimizer states in host memory (FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU), "
+                           "copying each block to the GPU when it runs: frees their device memory, costs a host-device "
+                           "copy per block per step and a CPU optimizer step. On CPU workers it changes nothing (a "
+                           "warning says so).")
     grad_clip: float = _f(1.0, "Clip the global gradient norm to this value; 0 = off.")
     seed: int = _f(0, "Seed for model init, data order and dropout.")
     eval_every: int = _f(0, "Evaluate every N steps (0 = only at the end).")
@@ -140,6 +147,9 @@ class ScalingSection:
     max_failures: int = _f(3, "Worker-group failures to retry (-1 = unlimited); preemptions are not counted.")
     resize_check_s: float = _f(30.0, "Seconds between checks for a bigger/smaller cluster (Ray default: 60).")
     worker_start_timeout_s: float = _f(15.0, "Seconds to wait for a worker group to start before trying a smaller one (Ray default: 60).")
+    memory_per_worker_gb: float = _f(0.0, "Memory budget of one worker (GiB) that the predicted peak of a layout "
+                                     "must fit (raydl.parallel.memory; refused before any worker starts otherwise); "
+                                     "0 = the GPU's memory, or on CPU this node's RAM / the workers on it.")
     fit_timeout_s: float = _f(600.0, "Seconds to wait, on a cluster given by --address (which may autoscale), until "
                               "min_workers workers fit before failing with the numbers; a local Ray fails at once.")
 
@@ -167,6 +177,11 @@ class DebugSection:
                          "for exactly-once tests; empty = off. A directory every worker can write (local runs).")
     fail_at_step: int = _f(-1, "The first rank to reach this global step raises, once per debug.ledger_dir (a "
                            "marker file there), to test restarts; -1 = off.")
+    memory_dir: str = _f("", "Write each rank's peak memory (RSS on CPU, max allocated on GPU) after its model is "
+                         "built and loaded, and at the end, to <dir>/memory-rank<r>.json (raydl bench memory); "
+                         "empty = off.")
+    whole_model_build: bool = _f(False, "Build the whole model with real values on every worker, as raydl did before "
+                                 "building on meta (raydl bench memory's 'before' side); off = build on meta.")
 
     def __post_init__(self) -> None:
         if self.fail_at_step != -1 and self.fail_at_step < 1:
@@ -250,7 +265,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "scaling.min_workers": (0, None, False, False), "scaling.max_workers": (0, None, False, False),
     "scaling.cpus_per_worker": (0, None, False, False), "scaling.gpus_per_worker": (0, None, True, False),
     "scaling.max_failures": (-1, None, True, False), "scaling.resize_check_s": (0, None, False, False),
-    "scaling.worker_start_timeout_s": (0, None, False, False), "scaling.fit_timeout_s": (0, None, True, False), "telemetry.report_every": (0, None, False, False),
+    "scaling.worker_start_timeout_s": (0, None, False, False), "scaling.fit_timeout_s": (0, None, True, False),
+    "scaling.memory_per_worker_gb": (0, None, True, False), "telemetry.report_every": (0, None, False, False),
     "telemetry.profile_steps": (0, None, True, False),
 }
 

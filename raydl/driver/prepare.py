@@ -7,6 +7,7 @@ fails in a second with exit code 2 and nothing written.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import uuid
@@ -24,7 +25,10 @@ from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
 from raydl.models.spec import ModelSpec
 from raydl.overrides import dump_yaml
+from raydl.parallel.memory import ModelMemory
+from raydl.parallel.memory_probe import model_memory
 from raydl.parallel.mesh import Layout
+from raydl.parallel.profile import memory_budget
 from raydl.telemetry.cost import Pricing
 
 
@@ -39,7 +43,8 @@ class PreparedRun:
 
 
 def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Path | None = None,
-                launcher: str = "ray", write: bool = True, model: ModelSpec | None = None) -> PreparedRun:
+                launcher: str = "ray", write: bool = True, model: ModelSpec | None = None,
+                cluster: bool = False) -> PreparedRun:
     """Validate everything checkable before any worker starts, then claim the run directory.
 
     `launcher="ray"`: a new run directory, always (raydl never writes over a run). `"torchrun"`:
@@ -58,7 +63,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
         built = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     if write and chosen.spec.blocks:
         chosen.check_blocks(info.meta)
-    check_layout(cfg, num_blocks=len(built.blocks))
+    check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(built, chosen.spec, info.meta),
+                 local=not cluster, launcher=launcher)
     resume_from = None
     if resume:
         from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
@@ -131,9 +137,18 @@ def remove_if_never_started(run_dir: Path) -> bool:
     return True
 
 
-def check_layout(cfg: JobConfig, *, num_blocks: int) -> None:
-    """Fail on the driver (exit 2) for a layout no worker group could run, at every allowed size."""
+def check_layout(cfg: JobConfig, *, num_blocks: int, model_memory: ModelMemory | None = None, local: bool = True,
+                 launcher: str = "ray") -> None:
+    """Fail on the driver (exit 2) for a layout no worker group could run, at every allowed size: torch would
+    refuse it, or its predicted peak memory exceeds a worker's budget (scaling.memory_per_worker_gb, else, for
+    workers on this machine, its GPU's memory or its RAM shared by the workers)."""
     if Layout.needs_profile(cfg):
         return   # planned on the workers, from a profile measured on their devices
+    device = torch.device("cuda" if cfg.scaling.use_gpu != "false" and torch.cuda.is_available() else "cpu")
+    known = model_memory is not None and (local or cfg.scaling.memory_per_worker_gb > 0)
     for world_size in sorted({cfg.scaling.min_workers, cfg.scaling.max_workers}):
-        Layout.from_config(cfg, world_size, num_blocks=num_blocks)
+        on_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if launcher == "torchrun" else world_size
+        budget = memory_budget(cfg, device, on_host) if known else 0
+        Layout.from_config(cfg, world_size, num_blocks=num_blocks, memory_bytes=budget,
+                           param_bytes=model_memory.param_bytes if model_memory else 0,
+                           model_memory=model_memory if known else None, device_type=device.type)

@@ -186,7 +186,7 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     t0 = time.time()
     marks = startup.Marks(command_start=min(startup.command_start(), t0))
     raydl_log.ensure_configured()
-    run = prepare_run(cfg, resume=resume, model=model)
+    run = prepare_run(cfg, resume=resume, model=model, cluster=address is not None)
     marks.mark("prepared")
     log.info(f"run directory: {run.run_dir}")
     try:

@@ -53,7 +53,7 @@ from raydl.parallel.constraints import check_mesh, validate_layout
 from raydl.parallel.profile import BlockProfile, ModelProfile
 from raydl.parallel.schedules import require_positive
 
-__all__ = ["StagePrediction", "Candidate", "balanced_cuts", "evaluate", "max_rank_memory",
+__all__ = ["StagePrediction", "Candidate", "balanced_cuts", "evaluate", "max_rank_memory", "in_flight_chunks",
            "checkpointed_max_rank_memory", "recompute_share", "block_floor_bytes", "mib"]
 
 _MIB = 2**20
@@ -217,7 +217,7 @@ def _rank_times(
     return times
 
 
-def _in_flight_chunks(schedule: str, pp: int, m: int, rank: int) -> int:
+def in_flight_chunks(schedule: str, pp: int, m: int, rank: int) -> int:
     """Peak (stage, micro-batch) activation sets a rank holds, read off torch 2.13's schedule tables."""
     hops = pp - 1 - rank  # earlier ranks warm up with more forwards before their first backward
     per_round = m // max(1, m // pp)  # torch's microbatches_per_round
@@ -247,7 +247,7 @@ def _stage_memory(
         blocks = profile.blocks[a:e]
         params = sum(b.param_bytes for b in blocks)
         static = params * (2 + profile.optimizer_bytes_per_param_byte)  # params + grads + optimizer
-        in_flight = _in_flight_chunks(schedule, pp, m, ranks[stage]) / per_rank
+        in_flight = in_flight_chunks(schedule, pp, m, ranks[stage]) / per_rank
         if checkpoint:
             kept = sum(b.output_bytes for b in blocks)
             transient = max(b.activation_bytes for b in blocks)

@@ -9,14 +9,16 @@ model. `build_mesh` is the only torch.distributed call here.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.parallel import constraints, search
 from raydl.parallel.cost_model import Candidate
+from raydl.parallel.memory import ModelMemory, Setting
 from raydl.parallel.profile import ModelProfile
 from raydl.parallel.wrapper_policy import WRAPPER_NAMES, choose_dp_wrapper
 
@@ -42,15 +44,19 @@ class Layout:
 
     @classmethod
     def from_config(cls, cfg: JobConfig, world_size: int, profile: ModelProfile | None = None, *,
-                    num_blocks: int, memory_bytes: int = 0, param_bytes: int = 0) -> Layout:
+                    num_blocks: int, memory_bytes: int = 0, param_bytes: int = 0,
+                    model_memory: ModelMemory | None = None, device_type: str = "cpu") -> Layout:
         """The layout this world size trains with, validated (LayoutError with the numbers and the fix).
 
         With pp_degree=auto, `profile` and `memory_bytes` (per worker) are what the planner chooses from;
-        with dp_wrapper=auto, `param_bytes` (the model's) and `memory_bytes` choose the wrapper.
+        with dp_wrapper=auto, `param_bytes` (the model's) and `memory_bytes` choose the wrapper. With
+        `model_memory` both choose by the memory prediction (`raydl.parallel.memory`), and a layout whose
+        predicted peak exceeds `memory_bytes` is refused with the numbers and the layouts that would fit.
         """
         p = cfg.parallel
         if cls.needs_profile(cfg):
-            chosen, _ = plan_layouts(profile, cfg, world_size=world_size, memory_bytes=memory_bytes)
+            chosen, _ = plan_layouts(profile, cfg, world_size=world_size, memory_bytes=memory_bytes,
+                                     model_memory=model_memory, device_type=device_type)
             pp, schedule, m, cuts = chosen.pp, chosen.schedule, chosen.num_microbatches, chosen.stage_cuts
         else:
             pp, schedule, cuts = p.pp_degree, p.schedule, tuple(p.stage_cuts)
@@ -61,12 +67,19 @@ class Layout:
         micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
                                dp=dp, strict=not _elastic(cfg), num_microbatches=m)
         pipelined = pp > 1
-        wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
-                                         memory_bytes=memory_bytes)
         layout = cls(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
-                     schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else (),
-                     dp_wrapper=wrapper, dp_wrapper_reason=why)
-        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper)
+                     schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
+        from raydl.parallel.memory_fit import check_memory, peak_with   # it builds Layouts: imported here
+
+        predicted = None if model_memory is None else functools.partial(
+            peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
+        wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
+                                         memory_bytes=memory_bytes, predicted=predicted)
+        layout = replace(layout, dp_wrapper=wrapper, dp_wrapper_reason=why)
+        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper,
+                 cpu_offload=cfg.train.cpu_offload)
+        if model_memory is not None and memory_bytes:
+            check_memory(layout, cfg, model_memory, memory_bytes=memory_bytes, device_type=device_type)
         return layout
 
     @property
@@ -142,10 +155,12 @@ def min_micro_batch(cfg: JobConfig) -> int:
     return max(1, cfg.train.micro_batch_size // 4)
 
 
-def plan_layouts(profile: ModelProfile, cfg: JobConfig, *, world_size: int,
-                 memory_bytes: int) -> tuple[Candidate, list[Candidate]]:
+def plan_layouts(profile: ModelProfile, cfg: JobConfig, *, world_size: int, memory_bytes: int,
+                 model_memory: ModelMemory | None = None,
+                 device_type: str = "cpu") -> tuple[Candidate, list[Candidate]]:
     """(chosen, candidates): the planner's best fitting candidate whose micro-batch is >= min_micro_batch.
-    An explicit pp_degree restricts the search to it and the configured schedule."""
+    An explicit pp_degree restricts the search to it and the configured schedule. With `model_memory`, a
+    candidate must also fit by the memory prediction (with the wrapper dp_wrapper would give it)."""
     p = cfg.parallel
     auto = Layout.needs_profile(cfg)
     if p.stage_cuts and not auto:
@@ -156,7 +171,8 @@ def plan_layouts(profile: ModelProfile, cfg: JobConfig, *, world_size: int,
                                 schedule="auto" if auto else p.schedule, num_microbatches=p.num_microbatches or None,
                                 stage_cuts=p.stage_cuts or None, allow_smaller_batch=_elastic(cfg))
     floor = min_micro_batch(cfg)
-    usable = [c for c in candidates if c.fits and c.micro_batch >= floor]
+    usable = [c for c in candidates if c.fits and c.micro_batch >= floor
+              and _predicted_fit(c, cfg, model_memory, memory_bytes, device_type)]
     if not usable:
         raise LayoutError(
             f"no layout of {world_size} workers fits with a micro-batch of at least {floor} samples "
@@ -165,8 +181,29 @@ def plan_layouts(profile: ModelProfile, cfg: JobConfig, *, world_size: int,
     return usable[0], candidates   # candidates come sorted best first
 
 
-def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str) -> None:
-    """Raise LayoutError for a pipeline (pp > 1) torch would reject, before any process group work."""
+def _predicted_fit(candidate: Candidate, cfg: JobConfig, model_memory: ModelMemory | None, memory_bytes: int,
+                   device_type: str) -> bool:
+    if model_memory is None or not memory_bytes:
+        return True
+    layout = Layout(world_size=candidate.dp * candidate.pp, dp=candidate.dp, pp=candidate.pp,
+                    micro_batch=candidate.micro_batch, num_microbatches=candidate.num_microbatches,
+                    schedule=candidate.schedule if candidate.pp > 1 else "none",
+                    stage_cuts=candidate.stage_cuts if candidate.pp > 1 else ())
+    from raydl.parallel.memory_fit import peak_with   # it builds Layouts: imported here
+
+    setting = Setting.from_config(cfg, device_type)
+    options = ["fsdp"] if cfg.parallel.dp_wrapper == "auto" else [cfg.parallel.dp_wrapper]
+    return any(peak_with(layout, model_memory, setting, device_type, w) <= memory_bytes for w in options)
+
+
+def validate(layout: Layout, *, num_blocks: int, precision: str, dp_wrapper: str, cpu_offload: bool = False) -> None:
+    """Raise LayoutError for a pipeline (pp > 1) torch would reject, or an offload nothing would do, before any
+    process group work."""
+    if cpu_offload and (layout.dp == 1 or dp_wrapper != "fsdp"):
+        raise LayoutError(f"train.cpu_offload=true needs FSDP2 fully_shard over at least 2 data-parallel workers, "
+                          f"which offloads its shards; this layout has dp={layout.dp} with wrapper {dp_wrapper!r}. "
+                          f"Fix: set parallel.dp_wrapper=fsdp with 2 or more data-parallel workers, or "
+                          f"train.cpu_offload=false.")
     if layout.pp == 1:
         return
     constraints.validate_layout(num_blocks=num_blocks, world_size=layout.world_size, pp=layout.pp,

@@ -29,7 +29,7 @@ from raydl.train.precision import autocast
 
 RealBlock = Callable[[torch.nn.Module], torch.nn.Module]   # a block built on meta -> a real copy of it
 
-__all__ = ["BlockProfile", "ModelProfile", "profile_model", "shared_profile", "device_memory_bytes"]
+__all__ = ["BlockProfile", "ModelProfile", "profile_model", "shared_profile", "device_memory_bytes", "memory_budget"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,10 @@ def device_memory_bytes(device: torch.device, workers_on_host: int) -> int:
         return torch.cuda.get_device_properties(device).total_memory
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return total // max(1, workers_on_host)
+
+
+def memory_budget(cfg: JobConfig, device: torch.device, workers_on_host: int) -> int:
+    """What one worker's predicted peak must fit: scaling.memory_per_worker_gb, else `device_memory_bytes`."""
+    if cfg.scaling.memory_per_worker_gb:
+        return int(cfg.scaling.memory_per_worker_gb * 2**30)
+    return device_memory_bytes(device, workers_on_host)

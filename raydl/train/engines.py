@@ -23,7 +23,8 @@ from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.materialize import MetaInit
 from raydl.parallel.mesh import Layout, build_mesh
 from raydl.parallel.pipeline import forward_chain, pipeline_model
-from raydl.parallel.profile import device_memory_bytes, shared_profile
+from raydl.parallel.memory_probe import model_memory
+from raydl.parallel.profile import memory_budget, shared_profile
 from raydl.train import step as train_step
 from raydl.train.optim import clip_grad_norm
 from raydl.train.precision import autocast
@@ -55,7 +56,9 @@ class DataParallelEngine:
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         self.model = apply_data_parallel(model, dp_mesh=mesh["dp"] if mesh is not None else None,
                                          wrapper=layout.dp_wrapper, pp_enabled=False,
-                                         materialize=materializer(init, self.device))
+                                         materialize=materializer(init, param_device(cfg, self.device)),
+                                         precision=self.precision,
+                                         cpu_offload=cfg.train.cpu_offload)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -83,7 +86,8 @@ class PipelineEngine:
         self.pp_group = mesh["pp"].get_group()
         self.pp_rank = layout.coords(session.rank)[1]
         parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=layout.dp_wrapper,
-                                        pp_enabled=True, materialize=materializer(init, self.device))
+                                        pp_enabled=True, materialize=materializer(init, param_device(cfg, self.device)),
+                                        precision=self.precision, cpu_offload=cfg.train.cpu_offload)
         self.schedule, self.stages, self.model = pipeline_model(
             model, layout=layout, pp_rank=self.pp_rank, pp_group=self.pp_group, device=self.device,
             parallelize=parallelize, loss_fn=spec.loss)
@@ -137,6 +141,12 @@ def _reduce_eval(loss_sum: float, n: int, correct: int, counted: int, device: to
     return {"loss": loss_sum / max(n, 1), "accuracy": correct / counted if counted else None, "batches": int(n)}
 
 
+def param_device(cfg: JobConfig, device: torch.device) -> torch.device:
+    """Where a rank's parameters live: host memory under FSDP2's CPU offload (torchtitan's init device), else the
+    device it computes on."""
+    return torch.device("cpu") if cfg.train.cpu_offload else device
+
+
 def materializer(init: MetaInit | None, device: torch.device) -> Callable[[nn.Module], None]:
     """What puts a (stage's) model on the device: allocate and initialize it when built on meta, else move it."""
     if init is None:
@@ -153,12 +163,13 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
 
 def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
                   init: MetaInit | None = None) -> Layout:
-    """`Layout.from_config` with what its policies choose from: the model's size and the device's memory for
-    the data-parallel wrapper, and a profile of the model measured here when the planner chooses pp (on a
-    model built on meta: one materialized block at a time)."""
+    """`Layout.from_config` with what its policies choose from: the memory prediction of the model (read on meta)
+    against this worker's memory budget, and a profile of the model measured here when the planner chooses pp
+    (on a model built on meta: one materialized block at a time)."""
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
-    sizes = {"num_blocks": len(model.blocks), "memory_bytes": device_memory_bytes(session.device, workers_on_host),
-             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    sizes = {"num_blocks": len(model.blocks), "memory_bytes": memory_budget(cfg, session.device, workers_on_host),
+             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+             "model_memory": model_memory(model, spec, meta), "device_type": session.device.type}
     real_block = functools.partial(init.real_copy, device=session.device) if init else None
     profile = shared_profile(model, spec, meta, cfg, session.device, real_block) if Layout.needs_profile(cfg) else None
     return Layout.from_config(cfg, session.world_size, profile, **sizes)

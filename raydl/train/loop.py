@@ -36,6 +36,7 @@ from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.profiler import StepProfiler, phase
 from raydl.telemetry import startup
 from raydl.telemetry.records import FinalInfo, WorkerReport
+from raydl.telemetry.memory_marks import MemoryMarks
 from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.agree import Agreed, agree
@@ -99,6 +100,7 @@ class Worker:
     last_checkpoint_step: int = 0
     last_finite_loss: tuple[int, float] | None = None
     marks: startup.Marks = dataclasses.field(default_factory=startup.Marks)   # this start's, up to its data
+    memory: MemoryMarks = dataclasses.field(default_factory=MemoryMarks)   # debug.memory_dir's peaks
 
     @property
     def dp_rank(self) -> int:
@@ -124,6 +126,8 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     spec = chosen.spec
     info = open_dataset(job["data_path"])
     chosen.check_data(info)
+    memory = MemoryMarks(cfg.debug.memory_dir, session.device)
+    memory.mark("start")
     model, init = build_for_worker(chosen, info.meta, cfg)   # on meta: allocated once laid out
     fingerprint = chosen.fingerprint(model)
     engine = build_engine(model, cfg, spec, session, info.meta, init)
@@ -132,6 +136,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, session.device)
     state = restore(session, job, engine, optimizer, scaler, fingerprint)
+    memory.mark("built", layout=engine.layout.to_dict(), coords=engine.layout.coords(session.rank))
     dp_rank = layout.coords(session.rank)[0]
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * epoch_steps(info, layout.global_batch)
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
@@ -147,7 +152,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     if session.rank == 0:
         session.announce(describe(layout, start_step=state.step, num_params=fingerprint["params"]))
     return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
-                  total_steps, last_checkpoint_step=state.step, marks=marks), state
+                  total_steps, last_checkpoint_step=state.step, marks=marks, memory=memory), state
 
 
 def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
@@ -156,6 +161,7 @@ def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
     state, stopped_by = fit(w, state)
     final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
                       precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
+    w.memory.mark("end")
     w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                   step=state.step, final=final))
     w.gpu.close()

@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def build_for_worker(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) -> tuple[BlockModel, MetaInit | None]:
-    """(the model, how to materialize it); None: the model is real already (the fallback)."""
-    model, why = _try_meta(chosen, meta, cfg)
+    """(the model, how to materialize it); None: the model is real already (the fallback, or debug.whole_model_build:
+    `raydl bench memory`'s "before")."""
+    model, why = (None, "debug.whole_model_build is set") if cfg.debug.whole_model_build else _try_meta(chosen, meta, cfg)
     if model is not None:
         return model, MetaInit(cfg.train.seed, module_names(model), chosen.spec.init_weights)
     if not dist.is_initialized() or dist.get_rank() == 0:   # one line per run, not one per worker
