@@ -123,12 +123,14 @@ def read_run_id(run_dir: Path) -> str:
 
 
 def remove_if_never_started(run_dir: Path) -> bool:
-    """Remove a run directory that a failed run left without a step or a checkpoint; True if removed.
+    """Remove a run directory that a failed run left without a step, a checkpoint or the workers' tracebacks
+    (which the error names); True if removed.
 
     Only the files raydl itself writes before the first step may be there, so nothing of anyone else's goes."""
+    from raydl.metrics.sink import WORKERS_LOG
     from raydl.train import checkpoint as ckpt   # only on a failure: see prepare_run
 
-    if (run_dir / "metrics.jsonl").exists() or ckpt.all_complete(run_dir):
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / WORKERS_LOG).exists() or ckpt.all_complete(run_dir):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
     return True

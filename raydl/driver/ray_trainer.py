@@ -20,7 +20,7 @@ from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_l
                                   remove_if_never_started)
 from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
-from raydl.errors import ClusterLost, ConfigError, one_line
+from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
 from raydl.models.spec import ModelSpec
 from raydl.telemetry import startup
 
@@ -259,7 +259,7 @@ def startup_section(run: PreparedRun, marks: startup.Marks) -> dict[str, Any]:
 def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     from ray.exceptions import RayActorError, RaySystemError
 
-    from raydl.driver.failure_policy import raydl_error_in
+    from raydl.metrics.sink import WORKERS_LOG
 
     connect(address, ray_env(run.cfg))
     marks.mark("ray_connected")
@@ -281,6 +281,8 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
         user_error = raydl_error_in(e)
         if user_error is None:
             raise
+        workers_log = run.run_dir / WORKERS_LOG
+        user_error.log_file = str(workers_log) if workers_log.exists() else None
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
 
 

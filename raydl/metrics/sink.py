@@ -5,7 +5,8 @@ directory without a barrier across workers and without waiting for Ray Train's c
 `ray.train.report` once per poll (one report in flight per worker: a second one waits up to a poll).
 `ray.train.report` is left for what Train must see, checkpoints. Ray runs an actor's calls from one caller
 in order, so the records arrive as rank 0 sent them; the final report is waited for, so summary.json is
-written before the train function returns. The controller tells the sink why a worker group failed.
+written before the train function returns. The controller tells the sink why a worker group failed, and the
+workers send it their error tracebacks (raydl.train.tracebacks), which it appends to the run's workers.log.
 
 The console lines of the run (the layout, progress) are kept here and printed by the driver (`relay_lines`):
 printed in this actor, Ray would forward them with its "(MetricsSink pid=...)" prefix.
@@ -25,6 +26,7 @@ from raydl.telemetry.records import WorkerReport
 log = logging.getLogger(__name__)
 
 RELAY_EVERY_S = 0.5
+WORKERS_LOG = "workers.log"   # the workers' error tracebacks (raydl.train.tracebacks), in the run directory
 
 
 class MetricsSink:
@@ -39,6 +41,10 @@ class MetricsSink:
 
     def note_failure(self, cause: str) -> None:
         self.writer.note_failure(cause)
+
+    def note_worker_log(self, text: str) -> None:
+        with (self.writer.run_dir / WORKERS_LOG).open("a") as f:
+            f.write(text)
 
     def say(self, line: str) -> None:
         self.lines.append(line)

@@ -28,6 +28,7 @@ from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
 from raydl.telemetry.startup import process_start_time
 from raydl.train import checkpoint as ckpt
+from raydl.train.tracebacks import route_worker_tracebacks
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class RaySession:
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
         self.sink = ray.get_actor(sink_name) if self.rank == 0 else None
+        route_worker_tracebacks(sink_name, self.rank)
         self.tune_reports = tune_reports
         self._stop_actor = None             # the driver's stop request, looked up at the first report
         self._stop_answer = None            # rank 0's question to it, in flight

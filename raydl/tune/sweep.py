@@ -12,7 +12,8 @@ ends the trial (recorded as infeasible, with its reason) instead of retrying. La
 
     sweep.yaml                      the sweep as parsed (what --resume reads back)
     tune/                           the Tune experiment (Tuner.restore reads it)
-    trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint
+    trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint (workers.log:
+                                    the tracebacks of its workers' errors; Tune's tune/<trial_id>/error.txt: the trial's)
     tensorboard/<trial_id>/         TensorBoard events of all a trial's attempts (telemetry.tensorboard)
     trial_starts.jsonl              when the sweep and each trial started (the report's start times)
     results.csv results.json results.png best.yaml
@@ -35,7 +36,8 @@ from ray.tune import Callback
 
 from raydl import log as raydl_log
 from raydl.metrics import tensorboard
-from raydl.errors import ClusterLost, ConfigError, one_line
+from raydl.metrics.sink import WORKERS_LOG
+from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.cost import CPU, Pricing
@@ -153,7 +155,22 @@ class Progress(Callback):
         log.info(f"trial {trial.trial_id} finished")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        log.info(f"trial {trial.trial_id} failed (recorded as infeasible)")
+        sweep_dir = self.completed.parent
+        attempts = _attempts(sweep_dir / TRIALS_DIR / trial.trial_id)
+        logs = [str(attempts[-1] / WORKERS_LOG)] if attempts and (attempts[-1] / WORKERS_LOG).exists() else []
+        if trial.error_file:   # Tune writes it in its staging directory, synced to the sweep's tune/ from there
+            logs.append(str(sweep_dir / TUNE_DIR / trial.trial_id / Path(trial.error_file).name))
+        where = " and ".join(logs)
+        log.info(f"trial {trial.trial_id} failed (recorded as infeasible)" + (f"; traceback in {where}" if where else ""))
+
+
+class QuietRaydlTrialErrors(logging.Filter):
+    """Tune logs a failed trial's error with its traceback on the console. One that raydl raised (bad data, a
+    diverged loss) is said by the failed-trial line and the report's row, and its traceback is in the files
+    that line names (Tune's error.txt, the attempt's workers.log): it is dropped here, below -v."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None or raydl_error_in(record.exc_info[1]) is None
 
 
 def note_start(sweep_dir: Path, **what: str) -> None:
@@ -295,13 +312,18 @@ def _tune_env():
     TUNE_DISABLE_STRICT_METRIC_CHECKING: trial results leave out metrics not known yet (report.trial_metrics).
     ASHA skips such a result (async_hyperband.py::on_trial_result); Tune's strict check would stop the sweep.
     RAY_AIR_NEW_OUTPUT=0 unless -v: Tune's newer console output prints an experiment box and paths even at
-    verbose=0 (tune/experimental/output.py); the older one prints nothing there. With -v Tune's tables show."""
+    verbose=0 (tune/experimental/output.py); the older one prints nothing there. With -v Tune's tables show.
+    Also, unless -v, the tracebacks of trials that failed with a RaydlError stay off the console (QuietRaydlTrialErrors)."""
     wanted = {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1", **({} if _verbose() else {"RAY_AIR_NEW_OUTPUT": "0"})}
     saved = {key: os.environ.get(key) for key in wanted}
     os.environ.update(wanted)
+    quiet, controller_log = QuietRaydlTrialErrors(), logging.getLogger("ray.tune.execution.tune_controller")
+    if not _verbose():
+        controller_log.addFilter(quiet)
     try:
         yield
     finally:
+        controller_log.removeFilter(quiet)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key)
