@@ -18,7 +18,7 @@ import torch
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
-from raydl.metrics.tensorboard import require_installed
+from raydl.metrics import tensorboard, trackers
 from raydl.errors import ConfigError
 from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
@@ -47,7 +47,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     config is the same run restarting (torchrun --max-restarts) and is reused as it is.
     `model`: a spec object (raydl.train(model=...)) that replaces model.name; it travels in the
     job, pickled by Ray."""
-    require_installed(cfg)
+    tensorboard.require_installed(cfg)
+    trackers.require_installed(cfg)
     if cfg.checkpoint.storage_path:   # a bucket that is missing or refuses us fails here, not at the first upload
         storage.check(cfg.checkpoint.storage_path, "checkpoint.storage_path")
     Pricing.for_config(cfg)     # a cost.instance_type missing from the price table fails here, not mid-run

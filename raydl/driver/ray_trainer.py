@@ -183,11 +183,13 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     from raydl.driver.callbacks import FailureCauseCallback
     from raydl.driver.failure_policy import RaydlTrainer
     from raydl.metrics.sink import start_sink
+    from raydl.metrics import trackers
     from raydl.metrics.tensorboard import events_dir
 
     s, cfg = run.cfg.scaling, run.cfg
     run.job["metrics_sink"] = f"raydl-metrics-{run.job['run_id']}"
-    sink = start_sink(run.job["metrics_sink"], str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job))
+    sink = start_sink(run.job["metrics_sink"], str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job),
+                      trackers.settings_for(cfg, run.job))
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
     storage_path, name = checkpoint_storage(cfg, run.run_dir, run.job["run_id"])

@@ -30,9 +30,9 @@ WORKERS_LOG = "workers.log"   # the workers' error tracebacks (raydl.train.trace
 
 
 class MetricsSink:
-    def __init__(self, run_dir: str, progress: bool, events_dir: str | None):
+    def __init__(self, run_dir: str, progress: bool, events_dir: str | None, trackers: dict):
         self.lines: list[str] = []
-        self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, say=self.say)
+        self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, trackers=trackers, say=self.say)
 
     def write(self, report: WorkerReport, world_size: int) -> None:
         """`report` travels as the object (pickled by reference to its class): a tenth of a millisecond of rank 0's
@@ -54,9 +54,9 @@ class MetricsSink:
         return lines
 
 
-def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None):
+def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None, trackers: dict):
     """The named sink actor, on this node: the run directory's."""
-    return start_on_this_node(MetricsSink, name, run_dir, progress, events_dir)
+    return start_on_this_node(MetricsSink, name, run_dir, progress, events_dir, trackers)
 
 
 @contextlib.contextmanager

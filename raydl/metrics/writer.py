@@ -20,6 +20,7 @@ from typing import Any
 
 from raydl import log as raydl_log
 from raydl.metrics.tensorboard import EventsWriter
+from raydl.metrics.trackers import open_trackers, report_png, send
 from raydl.telemetry.cost import CostMeter, Pricing, last_line
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None,
-                 say: Callable[[str], None] = log.info):
-        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `say`: where the progress
+                 trackers: dict | None = None, say: Callable[[str], None] = log.info):
+        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `trackers`: also log to the
+        experiment trackers these settings name (raydl.metrics.trackers.settings_for). `say`: where the progress
         lines go (the sink keeps them for the driver to print)."""
         raydl_log.ensure_configured()   # it runs in Train's controller actor or a torchrun rank: not the CLI's process
         self.run_dir = Path(run_dir)
@@ -43,6 +45,9 @@ class MetricsWriter:
         self.last_checkpoint: str | None = None
         self.pending_cause: str | None = None   # why the current worker group will end, told before its successor
         self.events = EventsWriter(events_dir) if events_dir else None
+        self.trackers = open_trackers(trackers, self.run_dir) if trackers else []
+        for tracker in self.trackers:
+            say(f"logging to {tracker.where}")
         self.cost = CostMeter(Pricing.for_run_dir(self.run_dir))
         if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
             self.cost.resume(line)
@@ -73,6 +78,8 @@ class MetricsWriter:
         self.records.extend(records)
         if self.events:
             self.events.write(records, restarts=self.restarts, layouts=self.layouts)
+        if self.trackers:
+            self.trackers = send(self.trackers, "write", records, restarts=self.restarts, layouts=self.layouts)
         if checkpoint:
             self.last_checkpoint = checkpoint
         if records and self.progress:
@@ -158,6 +165,8 @@ class MetricsWriter:
     def write_summary(self, final: FinalInfo) -> dict[str, Any]:
         summary = self.summary(final)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if self.trackers:
+            self.trackers = send(self.trackers, "finish", self.run_dir, report_png(self.run_dir))
         return summary
 
 

@@ -169,7 +169,8 @@ class RaySession:
 
 
 class TorchrunSession:
-    def __init__(self, run_dir: str, keep: int, progress: bool, events_dir: str | None = None):
+    def __init__(self, run_dir: str, keep: int, progress: bool, events_dir: str | None = None,
+                 trackers: dict | None = None):
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -179,7 +180,8 @@ class TorchrunSession:
         if self.owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.run_dir, self.keep = Path(run_dir), keep
-        self.writer = MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir) if self.rank == 0 else None
+        self.writer = (MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir, trackers=trackers)
+                       if self.rank == 0 else None)
         self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager

@@ -35,7 +35,7 @@ import yaml
 from ray.tune import Callback
 
 from raydl import log as raydl_log
-from raydl.metrics import tensorboard
+from raydl.metrics import tensorboard, trackers
 from raydl.metrics.sink import WORKERS_LOG
 from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
 from raydl.overrides import apply_overrides, build_config
@@ -83,6 +83,8 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
                                                       "scaling.max_failures": 0})
     run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
     run.job[tensorboard.JOB_KEY] = str(Path(sweep_dir) / tensorboard.EVENTS_DIR / trial_dir.name)   # attempts append
+    run.job[trackers.JOB_KEY] = trackers.job_settings(run.cfg, run_key=trial_dir.name, run_name=trial_dir.name,
+                                                      parent=trackers.SweepRuns.read(Path(sweep_dir)))   # attempts too
     prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
     metrics = TrialMetrics(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
     train(run, metrics)   # raises on any failure -> trial ERROR
@@ -94,7 +96,7 @@ def train(run, metrics: TrialMetrics) -> None:
         from raydl.train.loop import train_worker
 
         train_worker(run.job, InTrialSession(str(run.run_dir), run.cfg, tensorboard.events_dir(run.cfg, run.job),
-                                             metrics))
+                                             trackers.settings_for(run.cfg, run.job), metrics))
         return
     from raydl.driver.ray_trainer import build_trainer
 
@@ -270,6 +272,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
 
     spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
     tensorboard.require_installed(spec.base_config())
+    trackers.require_installed(spec.base_config())
     prepare_data(spec, model)
     connect(address, ray_env(spec.base_config()))
     import ray
@@ -278,6 +281,8 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
     sweep_dir = new_sweep_dir(spec)
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    trackers.SweepRuns.start(spec.base_config(), sweep_dir, {"objective": spec.objective, "num_trials": num_trials(spec),
+                                                             **{f"space.{k}": v for k, v in spec.to_dict()["space"].items()}})
     log.info(f"sweep directory: {sweep_dir} ({num_trials(spec)} trials, {concurrency} at a time)")
     return _finish(spec, sweep_dir, _tuner(spec, sweep_dir, concurrency, model))
 
@@ -352,6 +357,11 @@ def _finish(spec: SweepSpec, sweep_dir: Path, tuner) -> dict[str, Any]:
     starts = read_starts(sweep_dir)
     rows = sorted((trial_row(spec, sweep_dir, r, completed, starts) for r in grid), key=lambda r: r["trial"])
     summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
+    try:
+        trackers.SweepRuns.finish(spec.base_config(), sweep_dir, summary["best"],
+                                  [sweep_dir / name for name in ("results.json", "results.csv", "results.png", "best.yaml")])
+    except Exception as e:   # the tracker's copy of the report; the report itself is written
+        log.warning(f"telemetry.mlflow: cannot finish the sweep's parent run ({type(e).__name__}: {str(e)[:300]})")
     summary["fit_s"] = time.time() - t0
     return summary
 
