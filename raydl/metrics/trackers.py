@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,20 @@ def require_installed(cfg: JobConfig) -> None:
 def job_settings(cfg: JobConfig, *, run_key: str, run_name: str, parent: dict[str, str] | None = None) -> dict:
     """What a writer needs to open the run's trackers (plain data: it travels in the job); {} when none is set."""
     wanted = {name: dict(getattr(cfg.telemetry, name)) for name in PACKAGES if getattr(cfg.telemetry, name)}
+    if "mlflow" in wanted:
+        wanted["mlflow"]["tracking_uri"] = absolute_store(wanted["mlflow"]["tracking_uri"])
     return {**wanted, "run_key": run_key, "run_name": run_name, "parent": parent or {}} if wanted else {}
+
+
+def absolute_store(uri: str) -> str:
+    """A local store's URI (sqlite:///mlflow.db, file:mlruns) with its path made absolute against this process's
+    working directory: the writer runs in another one (a Ray actor's, a Tune trial's)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme == "sqlite" and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    if parts.scheme == "file" and not parts.netloc and not parts.path.startswith("/"):
+        return Path(parts.path).resolve().as_uri()
+    return uri
 
 
 def settings_for(cfg: JobConfig, job: dict[str, Any]) -> dict:
@@ -111,6 +125,8 @@ class MlflowTracker:
         from mlflow.entities import Param
         from ray.air._internal.mlflow import _MLflowLoggerUtil
 
+        # Its INFO lines (a sqlite store's table creation) would reach the driver with this process's Ray prefix.
+        logging.getLogger("mlflow").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
         self.util = _MLflowLoggerUtil()
         self.util.setup_mlflow(tracking_uri=settings["tracking_uri"],
                                experiment_name=settings.get("experiment", "raydl"),
