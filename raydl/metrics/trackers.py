@@ -108,7 +108,11 @@ def report_png(run_dir: Path) -> Path | None:
         return None
     from raydl.report import load, write_png
 
-    return write_png(load(run_dir))
+    try:
+        return write_png(load(run_dir))
+    except Exception as e:   # the trackers still get summary.json
+        log.warning(f"cannot draw report.png for the experiment trackers ({type(e).__name__}: {str(e)[:300]})")
+        return None
 
 
 def tags_of(restarts: list[dict[str, Any]], layouts: list[dict[str, Any]]) -> dict[str, str]:
@@ -126,7 +130,7 @@ class MlflowTracker:
         from ray.air._internal.mlflow import _MLflowLoggerUtil
 
         # Its INFO lines (a sqlite store's table creation) would reach the driver with this process's Ray prefix.
-        logging.getLogger("mlflow").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
         self.util = _MLflowLoggerUtil()
         self.util.setup_mlflow(tracking_uri=settings["tracking_uri"],
                                experiment_name=settings.get("experiment", "raydl"),
