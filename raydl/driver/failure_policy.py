@@ -52,7 +52,22 @@ class RaydlTrainer(TorchTrainer):
         from raydl.metrics.sink import relay_lines
 
         with relay_lines(self.metrics_sink):
-            return super().fit()
+            try:
+                return super().fit()
+            except BaseException:
+                self._fail_trackers()
+                raise
+
+    def _fail_trackers(self) -> None:
+        """Tell the sink the run failed, for its experiment trackers; waited for (briefly), since the driver exits next."""
+        import ray
+
+        if self.metrics_sink is None:
+            return
+        try:
+            ray.get(self.metrics_sink.fail_trackers.remote(), timeout=30)
+        except ray.exceptions.RayError:   # the sink went with the cluster: its tracker runs stay as they were
+            pass
 
     def _create_default_callbacks(self):
         """Two of Train's default callbacks only cost raydl time. Its DatasetsCallback starts a DatasetManager

@@ -42,6 +42,9 @@ class MetricsSink:
     def note_failure(self, cause: str) -> None:
         self.writer.note_failure(cause)
 
+    def fail_trackers(self) -> None:
+        self.writer.fail_trackers()
+
     def note_worker_log(self, text: str) -> None:
         with (self.writer.run_dir / WORKERS_LOG).open("a") as f:
             f.write(text)
@@ -62,21 +65,31 @@ def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None, 
 @contextlib.contextmanager
 def relay_lines(sink) -> Iterator[None]:
     """While the run trains, print the sink's console lines in this process (the driver's), as its own lines;
-    the last ones once more after the run."""
+    the last ones once more after the run. One request is in flight at a time, and a slow answer is waited for
+    at the next tick, not dropped: the sink's start (an experiment tracker's, under load) can take longer than
+    a tick, and its lines would be lost with a dropped answer."""
     import ray
 
-    stopped = threading.Event()
+    stopped, gone = threading.Event(), threading.Event()
+    pending: list = []   # the take_lines request in flight, if any
 
-    def relay() -> None:
+    def relay(wait_s: float) -> bool:
+        """Print the answer to the request in flight if it comes within wait_s; True if it did."""
         try:
-            for line in ray.get(sink.take_lines.remote(), timeout=30):
+            if not pending:
+                pending.append(sink.take_lines.remote())
+            if not ray.wait(pending, timeout=wait_s)[0]:
+                return False
+            for line in ray.get(pending.pop()):
                 log.info(line)
+            return True
         except ray.exceptions.RayError:   # the sink is gone with its node or the cluster: nothing left to print
-            stopped.set()
+            gone.set()
+            return False
 
     def relay_until_stopped() -> None:
-        while not stopped.wait(RELAY_EVERY_S):
-            relay()
+        while not stopped.wait(RELAY_EVERY_S) and not gone.is_set():
+            relay(0)
 
     thread = threading.Thread(target=relay_until_stopped, name="raydl-console", daemon=True)
     thread.start()
@@ -85,4 +98,5 @@ def relay_lines(sink) -> Iterator[None]:
     finally:
         stopped.set()
         thread.join(timeout=35)
-        relay()
+        if not gone.is_set() and relay(30):   # that answer may be to a request older than the last lines
+            relay(30)

@@ -170,6 +170,9 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(png))
         self.client.set_terminated(self.run_id, status="FINISHED")
 
+    def fail(self) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED")
+
 
 class WandbTracker:
     def __init__(self, settings: dict[str, str], run_dir: Path, job: dict):
@@ -211,6 +214,17 @@ class WandbTracker:
         self.run.summary.update({f"summary/{k}": v for k, v in json.loads((run_dir / "summary.json").read_text()).items()
                                  if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
         self.run.finish()
+        import wandb
+
+        # Its service process, stopped now: at this process's exit (Ray ends a sink actor with a signal) wandb's
+        # own atexit hook found the connection gone and printed a traceback.
+        wandb.teardown()
+
+    def fail(self) -> None:
+        import wandb
+
+        self.run.finish(exit_code=1)
+        wandb.teardown()
 
 
 def send(trackers: list, method: str, *args, **kwargs) -> list:

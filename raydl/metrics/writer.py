@@ -52,6 +52,10 @@ class MetricsWriter:
         if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
             self.cost.resume(line)
 
+    def fail_trackers(self) -> None:
+        """The run ended without its final report (an error, a lost cluster): its tracker runs are marked failed."""
+        self.trackers = send(self.trackers, "fail")
+
     def note_failure(self, cause: str) -> None:
         """A worker group failed (told by Ray Train's controller): the cause of the restart that follows.
         A group that ended at a drain notice ended by preemption, whatever errors its end raised."""
