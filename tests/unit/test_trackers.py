@@ -29,8 +29,10 @@ def tracked_run(run_dir: Path, settings: dict) -> dict:
 
 
 @pytest.mark.slow   # ~75 s on a loaded 2-core machine: MLflow's store and report.png
-def test_mlflow_gets_config_every_metric_by_step_restarts_and_artifacts(tmp_path):
+def test_mlflow_gets_config_every_metric_by_step_restarts_and_artifacts(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)   # a sqlite store keeps artifacts in ./mlruns
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     written = tracked_run(tmp_path / "run", {"mlflow": {"tracking_uri": uri, "experiment": "unit"}})
