@@ -16,6 +16,7 @@ import pytest
 from raydl import jobs
 from raydl.cli import main
 from tests.ray.ray_head import VENV_BIN, short_tmp_dir, start_head, stop_head
+from tests.ray.test_worker_tracebacks import assert_no_traceback
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def test_a_job_whose_workers_raise_raydls_error_logs_the_paragraph_not_traceback
     job_id = sub.stdout.splitlines()[0]
     assert sub.returncode == 1 and f"job {job_id} FAILED" in sub.stderr, sub.stderr[-3000:]
     logs = sub.stdout
-    assert "Error in training function" not in logs and "Traceback" not in logs, logs[-3000:]
+    assert_no_traceback(logs)
     [paragraph] = [line for line in logs.splitlines() if line.startswith("raydl: error: training diverged")]
     workers_log = Path(re.search(r"The workers' tracebacks are in (\S+)\.$", paragraph).group(1))
     assert "raise TrainingDivergedError" in workers_log.read_text()   # the head is this machine
