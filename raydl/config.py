@@ -14,6 +14,7 @@ import dataclasses
 import math
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,10 +165,55 @@ class TelemetrySection:
                            "events, to <run_dir>/tensorboard (a sweep: <sweep_dir>/tensorboard/<trial>); view with "
                            "`tensorboard --logdir runs/`. Needs pip install \"raydl[tensorboard]\" (checked before "
                            "Ray starts); off by default because that extra is optional and metrics.jsonl has it all.")
+    mlflow: dict[str, str] = _f({}, "Also log the run to MLflow: --set telemetry.mlflow.tracking_uri=http://HOST:PORT "
+                                "(http, https, sqlite, postgresql, mysql, file or databricks) and optionally "
+                                "telemetry.mlflow.experiment=NAME (default raydl). The effective config as params, "
+                                "every number of metrics.jsonl as metrics by step, restarts and resizes as tags, "
+                                "summary.json and report.png as artifacts; a sweep: a parent run and a child run per "
+                                "trial. Needs pip install \"raydl[mlflow]\" (checked before Ray starts); {} = off.")
+    wandb: dict[str, str] = _f({}, "Also log the run to Weights & Biases, like telemetry.mlflow: --set "
+                               "telemetry.wandb.project=NAME, optionally telemetry.wandb.mode=online|offline (default "
+                               "online; offline writes <run_dir>/wandb for `wandb sync`, no network) and "
+                               "telemetry.wandb.entity=TEAM; a sweep groups its trials' runs under its name. Needs pip "
+                               "install \"raydl[wandb]\" (checked before Ray starts); {} = off.")
     profile_steps: int = _f(0, "Profile N steps with torch.profiler after the warm-up (3 steps) of each worker-group "
                             "start: a Chrome trace per rank in <run_dir>/profile/rank<r>.json (Perfetto, "
                             "chrome://tracing) and where each rank's step time goes in <run_dir>/profile/"
                             "breakdown.json and on stdout; 0 = off. `raydl profile --steps N` is a short run with it.")
+
+
+    def __post_init__(self) -> None:
+        check_tracker("telemetry.mlflow", self.mlflow, required=("tracking_uri",), optional=("experiment",))
+        check_tracker("telemetry.wandb", self.wandb, required=("project",), optional=("mode", "entity"))
+        uri = self.mlflow.get("tracking_uri", "")
+        if self.mlflow and urllib.parse.urlsplit(uri).scheme not in MLFLOW_SCHEMES:
+            raise ConfigError("telemetry.mlflow.tracking_uri", f"is {uri!r}, whose scheme is not one MLflow tracks to "
+                              f"({', '.join(MLFLOW_SCHEMES)})", "give the server's address, e.g. --set "
+                              "telemetry.mlflow.tracking_uri=http://127.0.0.1:5000, or a store such as "
+                              "sqlite:///mlflow.db")
+        mode = self.wandb.get("mode", "online")
+        if mode not in WANDB_MODES:
+            raise ConfigError("telemetry.wandb.mode", f"is {mode!r}, not one of {', '.join(WANDB_MODES)}",
+                              "set --set telemetry.wandb.mode=offline to log without a network")
+
+
+MLFLOW_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "file", "databricks")
+WANDB_MODES = ("online", "offline")
+
+
+def check_tracker(path: str, settings: dict[str, Any], *, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+    """A tracker's settings: {} (off), or every required key and only known ones, each a non-empty string."""
+    if not settings:
+        return
+    for key, value in settings.items():
+        if key not in required + optional:
+            raise ConfigError(f"{path}.{key}", "is not a setting of this tracker",
+                              f"use {', '.join(f'{path}.{k}' for k in required + optional)}")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{path}.{key}", f"is {value!r}, not a non-empty string", f"set --set {path}.{key}=TEXT")
+    for key in required:
+        if key not in settings:
+            raise ConfigError(f"{path}.{key}", "is missing", f"set --set {path}.{key}=..., or leave {path} empty (off)")
 
 
 @dataclass(kw_only=True)

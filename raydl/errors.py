@@ -13,9 +13,17 @@ def one_line(error: BaseException) -> str:
 
 
 class RaydlError(Exception):
-    """An error in the user's input (config, data, checkpoint, CLI); exit code 2."""
+    """An error in the user's input (config, data, checkpoint, CLI); exit code 2.
+
+    `log_file`: where the tracebacks of the workers that raised it went (set by the driver that caught it);
+    the paragraph names it."""
 
     exit_code = 2
+    log_file: str | None = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} The workers' tracebacks are in {self.log_file}." if self.log_file else text
 
 
 class ConfigError(RaydlError, ValueError):
@@ -73,3 +81,23 @@ class ClusterLost(RaydlError):
     """The Ray cluster a run depends on went away mid-run: nothing wrong with the input, exit 1."""
 
     exit_code = 1
+
+
+def raydl_error_in(error: BaseException | None) -> RaydlError | None:
+    """The RaydlError a worker raised, out of Ray's wrappers (WorkerGroupError, RayTaskError, causes)."""
+    import sys
+
+    ray_exceptions = sys.modules.get("ray.exceptions")   # only Ray's wrappers need it: loaded wherever they exist
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if ray_exceptions and isinstance(e, ray_exceptions.RayTaskError):   # also its cause's class; str() is Ray's traceback
+            todo.append(e.cause)
+            continue
+        if isinstance(e, RaydlError):
+            return e
+        todo.extend([e.__cause__, e.__context__, *getattr(e, "worker_failures", {}).values()])
+    return None

@@ -8,7 +8,6 @@ This policy decides RAISE for those at once and leaves every other decision to R
 
 from __future__ import annotations
 
-from ray.exceptions import RayTaskError
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
@@ -16,24 +15,7 @@ from ray.train.v2.api.exceptions import WorkerGroupError
 
 from raydl.driver.late_start import LateCleanerCallback, watcher_started_late
 from raydl.driver.scaling_policy import LiveNodesElasticPolicy
-from raydl.errors import RaydlError
-
-
-def raydl_error_in(error: BaseException) -> RaydlError | None:
-    """The RaydlError a worker raised, out of Ray's wrappers (WorkerGroupError, RayTaskError, causes)."""
-    seen, todo = set(), [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, RayTaskError):   # also an instance of its cause's class, but str() is Ray's traceback
-            todo.append(e.cause)
-            continue
-        if isinstance(e, RaydlError):
-            return e
-        todo.extend([e.__cause__, e.__context__, *getattr(e, "worker_failures", {}).values()])
-    return None
+from raydl.errors import raydl_error_in
 
 
 class FailFastOnRaydlErrors(FailurePolicy):
@@ -70,7 +52,22 @@ class RaydlTrainer(TorchTrainer):
         from raydl.metrics.sink import relay_lines
 
         with relay_lines(self.metrics_sink):
-            return super().fit()
+            try:
+                return super().fit()
+            except BaseException:
+                self._fail_trackers()
+                raise
+
+    def _fail_trackers(self) -> None:
+        """Tell the sink the run failed, for its experiment trackers; waited for (briefly), since the driver exits next."""
+        import ray
+
+        if self.metrics_sink is None:
+            return
+        try:
+            ray.get(self.metrics_sink.fail_trackers.remote(), timeout=30)
+        except ray.exceptions.RayError:   # the sink went with the cluster: its tracker runs stay as they were
+            pass
 
     def _create_default_callbacks(self):
         """Two of Train's default callbacks only cost raydl time. Its DatasetsCallback starts a DatasetManager

@@ -19,7 +19,7 @@ import torch
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
-from raydl.metrics.tensorboard import require_installed
+from raydl.metrics import tensorboard, trackers
 from raydl.errors import ConfigError
 from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
@@ -52,7 +52,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     config is the same run restarting (torchrun --max-restarts) and is reused as it is.
     `model`: a spec object (raydl.train(model=...)) that replaces model.name; it travels in the
     job, pickled by Ray."""
-    require_installed(cfg)
+    tensorboard.require_installed(cfg)
+    trackers.require_installed(cfg)
     if cfg.checkpoint.storage_path:   # a bucket that is missing or refuses us fails here, not at the first upload
         storage.check(cfg.checkpoint.storage_path, "checkpoint.storage_path")
     Pricing.for_config(cfg)     # a cost.instance_type missing from the price table fails here, not mid-run
@@ -126,12 +127,14 @@ def read_run_id(run_dir: Path) -> str:
 
 
 def remove_if_never_started(run_dir: Path) -> bool:
-    """Remove a run directory that a failed run left without a step or a checkpoint; True if removed.
+    """Remove a run directory that a failed run left without a step, a checkpoint or the workers' tracebacks
+    (which the error names); True if removed.
 
     Only the files raydl itself writes before the first step may be there, so nothing of anyone else's goes."""
+    from raydl.metrics.sink import WORKERS_LOG
     from raydl.train import checkpoint as ckpt   # only on a failure: see prepare_run
 
-    if (run_dir / "metrics.jsonl").exists() or ckpt.all_complete(run_dir):
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / WORKERS_LOG).exists() or ckpt.all_complete(run_dir):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
     return True

@@ -21,7 +21,7 @@ from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_l
 from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
 from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
-from raydl.errors import ClusterLost, ConfigError, one_line
+from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
 from raydl.models.spec import ModelSpec
 from raydl.telemetry import startup
 
@@ -147,13 +147,14 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     from raydl.driver.failure_policy import RaydlTrainer
     from raydl.metrics import run_mirror
     from raydl.metrics.sink import start_sink
+    from raydl.metrics import trackers
     from raydl.metrics.tensorboard import events_dir
 
     s, cfg = run.cfg.scaling, run.cfg
     run.job["metrics_sink"] = f"raydl-metrics-{run.job['run_id']}"
     storage_path, name = checkpoint_storage(cfg, run.run_dir, run.job["run_id"])
     sink = start_sink(run.job["metrics_sink"], str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job),
-                      run_mirror.location(storage.join(storage_path, name)))
+                      trackers.settings_for(cfg, run.job), run_mirror.location(storage.join(storage_path, name)))
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
     gpu = "GPU" in resources
@@ -224,7 +225,7 @@ def startup_section(run: PreparedRun, marks: startup.Marks) -> dict[str, Any]:
 def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     from ray.exceptions import RayActorError, RaySystemError
 
-    from raydl.driver.failure_policy import raydl_error_in
+    from raydl.metrics.sink import WORKERS_LOG
 
     connect(address, ray_env(run.cfg))
     marks.mark("ray_connected")
@@ -247,6 +248,8 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
         user_error = raydl_error_in(e)
         if user_error is None:
             raise
+        workers_log = run.run_dir / WORKERS_LOG
+        user_error.log_file = str(workers_log) if workers_log.exists() else None
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
 
 

@@ -5,7 +5,8 @@ directory without a barrier across workers and without waiting for Ray Train's c
 `ray.train.report` once per poll (one report in flight per worker: a second one waits up to a poll).
 `ray.train.report` is left for what Train must see, checkpoints. Ray runs an actor's calls from one caller
 in order, so the records arrive as rank 0 sent them; the final report is waited for, so summary.json is
-written before the train function returns. The controller tells the sink why a worker group failed.
+written before the train function returns. The controller tells the sink why a worker group failed, and the
+workers send it their error tracebacks (raydl.train.tracebacks), which it appends to the run's workers.log.
 
 The console lines of the run (the layout, progress) are kept here and printed by the driver (`relay_lines`):
 printed in this actor, Ray would forward them with its "(MetricsSink pid=...)" prefix.
@@ -25,12 +26,14 @@ from raydl.telemetry.records import WorkerReport
 log = logging.getLogger(__name__)
 
 RELAY_EVERY_S = 0.5
+WORKERS_LOG = "workers.log"   # the workers' error tracebacks (raydl.train.tracebacks), in the run directory
 
 
 class MetricsSink:
-    def __init__(self, run_dir: str, progress: bool, events_dir: str | None, mirror: str | None):
+    def __init__(self, run_dir: str, progress: bool, events_dir: str | None, trackers: dict, mirror: str | None):
         self.lines: list[str] = []
-        self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, say=self.say, mirror=mirror)
+        self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, trackers=trackers, say=self.say,
+                                    mirror=mirror)
 
     def write(self, report: WorkerReport, world_size: int) -> None:
         """`report` travels as the object (pickled by reference to its class): a tenth of a millisecond of rank 0's
@@ -40,6 +43,13 @@ class MetricsSink:
     def note_failure(self, cause: str) -> None:
         self.writer.note_failure(cause)
 
+    def fail_trackers(self) -> None:
+        self.writer.fail_trackers()
+
+    def note_worker_log(self, text: str) -> None:
+        with (self.writer.run_dir / WORKERS_LOG).open("a") as f:
+            f.write(text)
+
     def say(self, line: str) -> None:
         self.lines.append(line)
 
@@ -48,29 +58,39 @@ class MetricsSink:
         return lines
 
 
-def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None, mirror: str | None):
+def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None, trackers: dict, mirror: str | None):
     """The named sink actor, on this node: the run directory's."""
-    return start_on_this_node(MetricsSink, name, run_dir, progress, events_dir, mirror)
+    return start_on_this_node(MetricsSink, name, run_dir, progress, events_dir, trackers, mirror)
 
 
 @contextlib.contextmanager
 def relay_lines(sink) -> Iterator[None]:
     """While the run trains, print the sink's console lines in this process (the driver's), as its own lines;
-    the last ones once more after the run."""
+    the last ones once more after the run. One request is in flight at a time, and a slow answer is waited for
+    at the next tick, not dropped: the sink's start (an experiment tracker's, under load) can take longer than
+    a tick, and its lines would be lost with a dropped answer."""
     import ray
 
-    stopped = threading.Event()
+    stopped, gone = threading.Event(), threading.Event()
+    pending: list = []   # the take_lines request in flight, if any
 
-    def relay() -> None:
+    def relay(wait_s: float) -> bool:
+        """Print the answer to the request in flight if it comes within wait_s; True if it did."""
         try:
-            for line in ray.get(sink.take_lines.remote(), timeout=30):
+            if not pending:
+                pending.append(sink.take_lines.remote())
+            if not ray.wait(pending, timeout=wait_s)[0]:
+                return False
+            for line in ray.get(pending.pop()):
                 log.info(line)
+            return True
         except ray.exceptions.RayError:   # the sink is gone with its node or the cluster: nothing left to print
-            stopped.set()
+            gone.set()
+            return False
 
     def relay_until_stopped() -> None:
-        while not stopped.wait(RELAY_EVERY_S):
-            relay()
+        while not stopped.wait(RELAY_EVERY_S) and not gone.is_set():
+            relay(0)
 
     thread = threading.Thread(target=relay_until_stopped, name="raydl-console", daemon=True)
     thread.start()
@@ -79,4 +99,5 @@ def relay_lines(sink) -> Iterator[None]:
     finally:
         stopped.set()
         thread.join(timeout=35)
-        relay()
+        if not gone.is_set() and relay(30):   # that answer may be to a request older than the last lines
+            relay(30)

@@ -21,6 +21,7 @@ from typing import Any
 from raydl import log as raydl_log
 from raydl.metrics.run_mirror import RunMirror
 from raydl.metrics.tensorboard import EventsWriter
+from raydl.metrics.trackers import open_trackers, report_png, send
 from raydl.telemetry.cost import CostMeter, Pricing, last_line
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 
@@ -29,8 +30,9 @@ log = logging.getLogger(__name__)
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None,
-                 say: Callable[[str], None] = log.info, mirror: str | None = None):
-        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `say`: where the progress
+                 trackers: dict | None = None, say: Callable[[str], None] = log.info, mirror: str | None = None):
+        """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `trackers`: also log to the
+        experiment trackers these settings name (raydl.metrics.trackers.settings_for). `say`: where the progress
         lines go (the sink keeps them for the driver to print). `mirror`: a bucket location that keeps a copy of
         the run's record (raydl.metrics.run_mirror)."""
         raydl_log.ensure_configured()   # it runs in Train's controller actor or a torchrun rank: not the CLI's process
@@ -45,10 +47,17 @@ class MetricsWriter:
         self.last_checkpoint: str | None = None
         self.pending_cause: str | None = None   # why the current worker group will end, told before its successor
         self.events = EventsWriter(events_dir) if events_dir else None
+        self.trackers = open_trackers(trackers, self.run_dir) if trackers else []
+        for tracker in self.trackers:
+            say(f"logging to {tracker.where}")
         self.mirror = RunMirror(self.run_dir, mirror) if mirror else None
         self.cost = CostMeter(Pricing.for_run_dir(self.run_dir))
         if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
             self.cost.resume(line)
+
+    def fail_trackers(self) -> None:
+        """The run ended without its final report (an error, a lost cluster): its tracker runs are marked failed."""
+        self.trackers = send(self.trackers, "fail")
 
     def note_failure(self, cause: str) -> None:
         """A worker group failed (told by Ray Train's controller): the cause of the restart that follows.
@@ -76,6 +85,8 @@ class MetricsWriter:
         self.records.extend(records)
         if self.events:
             self.events.write(records, restarts=self.restarts, layouts=self.layouts)
+        if self.trackers:
+            self.trackers = send(self.trackers, "write", records, restarts=self.restarts, layouts=self.layouts)
         if checkpoint:
             self.last_checkpoint = checkpoint
         if records and self.progress:
@@ -163,6 +174,8 @@ class MetricsWriter:
     def write_summary(self, final: FinalInfo) -> dict[str, Any]:
         summary = self.summary(final)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if self.trackers:
+            self.trackers = send(self.trackers, "finish", self.run_dir, report_png(self.run_dir))
         return summary
 
 

@@ -26,6 +26,7 @@ from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
 from raydl.data.loader import StepLoader, epoch_steps, eval_batches
 from raydl.data.order import DataPosition
+from raydl.metrics import trackers
 from raydl.metrics.tensorboard import events_dir
 from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
@@ -118,7 +119,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     if session is None:
         session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False)) if in_ray() else
                    TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
-                                   cfg.telemetry.progress, events_dir(cfg, job),
+                                   cfg.telemetry.progress, events_dir(cfg, job), trackers.settings_for(cfg, job),
                                    storage_path=cfg.checkpoint.storage_path, run_id=job["run_id"]))
     marks.mark("process_group_ready")   # Ray Train sets it up before the train function; torchrun's session here
     search_from(job.get("import_dir", ""))     # where the driver imported model.name from

@@ -30,6 +30,7 @@ from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
 from raydl.telemetry.startup import process_start_time
 from raydl.train import checkpoint as ckpt
+from raydl.train.tracebacks import route_worker_tracebacks
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class RaySession:
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
         self.sink = ray.get_actor(sink_name) if self.rank == 0 else None
+        route_worker_tracebacks(sink_name, self.rank)
         self.tune_reports = tune_reports
         self._stop_actor = None             # the driver's stop request, looked up at the first report
         self._stop_answer = None            # rank 0's question to it, in flight
@@ -169,8 +171,8 @@ class RaySession:
 
 
 class TorchrunSession:
-    def __init__(self, run_dir: str, keep: int, progress: bool, events_dir: str | None = None, *,
-                 storage_path: str = "", run_id: str | None = None):
+    def __init__(self, run_dir: str, keep: int, progress: bool, events_dir: str | None = None,
+                 trackers: dict | None = None, *, storage_path: str = "", run_id: str | None = None):
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.rank = int(os.environ.get("RANK", 0))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -183,8 +185,8 @@ class TorchrunSession:
         # The run directory's train/, or storage_path/<run>-<run id> (a bucket): as under Ray Train. Only rank 0
         # of a new run knows the run id it wrote.
         self.checkpoints_at = storage.join(*storage.run_checkpoints(storage_path, run_dir, _from_rank0(run_id)))
-        self.writer = MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir,
-                                    mirror=run_mirror.location(self.checkpoints_at)) if self.rank == 0 else None
+        self.writer = (MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir, trackers=trackers,
+                                     mirror=run_mirror.location(self.checkpoints_at)) if self.rank == 0 else None)
         self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager

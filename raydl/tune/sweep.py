@@ -12,7 +12,8 @@ ends the trial (recorded as infeasible, with its reason) instead of retrying. La
 
     sweep.yaml                      the sweep as parsed (what --resume reads back)
     tune/                           the Tune experiment (Tuner.restore reads it)
-    trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint
+    trials/<trial_id>/attempt-N/    raydl run directories; attempt N+1 resumes from N's checkpoint (workers.log:
+                                    the tracebacks of its workers' errors; Tune's tune/<trial_id>/error.txt: the trial's)
     tensorboard/<trial_id>/         TensorBoard events of all a trial's attempts (telemetry.tensorboard)
     trial_starts.jsonl              when the sweep and each trial started (the report's start times)
     results.csv results.json results.png best.yaml
@@ -35,8 +36,9 @@ from ray.tune import Callback
 
 from raydl import log as raydl_log
 from raydl import storage
-from raydl.metrics import tensorboard
-from raydl.errors import ClusterLost, ConfigError, one_line
+from raydl.metrics import tensorboard, trackers
+from raydl.metrics.sink import WORKERS_LOG
+from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
 from raydl.overrides import apply_overrides, build_config
 from raydl.train import checkpoint as ckpt
 from raydl.telemetry.cost import CPU, Pricing
@@ -90,6 +92,8 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     tree = apply_overrides(trial_tree(spec, params), overrides)
     run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
     run.job[tensorboard.JOB_KEY] = str(Path(sweep_dir) / tensorboard.EVENTS_DIR / trial_dir.name)   # attempts append
+    run.job[trackers.JOB_KEY] = trackers.job_settings(run.cfg, run_key=trial_dir.name, run_name=trial_dir.name,
+                                                      parent=trackers.SweepRuns.read(Path(sweep_dir)))   # attempts too
     prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
     metrics = TrialMetrics(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
     try:
@@ -105,7 +109,8 @@ def train(run, metrics: TrialMetrics) -> None:
         from raydl.train.loop import train_worker
 
         train_worker(run.job, InTrialSession(str(run.run_dir), run.job["run_id"], run.cfg,
-                                             tensorboard.events_dir(run.cfg, run.job), metrics))
+                                             tensorboard.events_dir(run.cfg, run.job),
+                                             trackers.settings_for(run.cfg, run.job), metrics))
         return
     from raydl.driver.ray_trainer import build_trainer
 
@@ -166,7 +171,22 @@ class Progress(Callback):
         log.info(f"trial {trial.trial_id} finished")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        log.info(f"trial {trial.trial_id} failed (recorded as infeasible)")
+        sweep_dir = self.completed.parent
+        attempts = _attempts(sweep_dir / TRIALS_DIR / trial.trial_id)
+        logs = [str(attempts[-1] / WORKERS_LOG)] if attempts and (attempts[-1] / WORKERS_LOG).exists() else []
+        if trial.error_file:   # Tune writes it in its staging directory, synced to the sweep's tune/ from there
+            logs.append(str(sweep_dir / TUNE_DIR / trial.trial_id / Path(trial.error_file).name))
+        where = " and ".join(logs)
+        log.info(f"trial {trial.trial_id} failed (recorded as infeasible)" + (f"; traceback in {where}" if where else ""))
+
+
+class QuietRaydlTrialErrors(logging.Filter):
+    """Tune logs a failed trial's error with its traceback on the console. One that raydl raised (bad data, a
+    diverged loss) is said by the failed-trial line and the report's row, and its traceback is in the files
+    that line names (Tune's error.txt, the attempt's workers.log): it is dropped here, below -v."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None or raydl_error_in(record.exc_info[1]) is None
 
 
 def note_start(sweep_dir: Path, **what: str) -> None:
@@ -266,6 +286,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
 
     spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
     tensorboard.require_installed(spec.base_config())
+    trackers.require_installed(spec.base_config())
     prepare_data(spec, model)
     connect(address, ray_env(spec.base_config()))
     import ray
@@ -277,6 +298,8 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     (sweep_dir / SWEEP_FILE).write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
     if mirror:
         sweep_mirror.push_file(sweep_dir / SWEEP_FILE, mirror)
+    trackers.SweepRuns.start(spec.base_config(), sweep_dir, {"objective": spec.objective, "num_trials": num_trials(spec),
+                                                             **{f"space.{k}": v for k, v in spec.to_dict()["space"].items()}})
     log.info(f"sweep directory: {sweep_dir}{f', kept in {mirror}' if mirror else ''} ({num_trials(spec)} trials, "
              f"{concurrency} at a time)")
     return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model))
@@ -333,13 +356,18 @@ def _tune_env():
     TUNE_DISABLE_STRICT_METRIC_CHECKING: trial results leave out metrics not known yet (report.trial_metrics).
     ASHA skips such a result (async_hyperband.py::on_trial_result); Tune's strict check would stop the sweep.
     RAY_AIR_NEW_OUTPUT=0 unless -v: Tune's newer console output prints an experiment box and paths even at
-    verbose=0 (tune/experimental/output.py); the older one prints nothing there. With -v Tune's tables show."""
+    verbose=0 (tune/experimental/output.py); the older one prints nothing there. With -v Tune's tables show.
+    Also, unless -v, the tracebacks of trials that failed with a RaydlError stay off the console (QuietRaydlTrialErrors)."""
     wanted = {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1", **({} if _verbose() else {"RAY_AIR_NEW_OUTPUT": "0"})}
     saved = {key: os.environ.get(key) for key in wanted}
     os.environ.update(wanted)
+    quiet, controller_log = QuietRaydlTrialErrors(), logging.getLogger("ray.tune.execution.tune_controller")
+    if not _verbose():
+        controller_log.addFilter(quiet)
     try:
         yield
     finally:
+        controller_log.removeFilter(quiet)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key)
@@ -373,6 +401,11 @@ def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner) -> dict
     starts = read_starts(sweep_dir)
     rows = sorted((trial_row(spec, sweep_dir, r, completed, starts) for r in grid), key=lambda r: r["trial"])
     summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
+    try:
+        trackers.SweepRuns.finish(spec.base_config(), sweep_dir, summary["best"],
+                                  [sweep_dir / name for name in REPORT_FILES])
+    except Exception as e:   # the tracker's copy of the report; the report itself is written
+        log.warning(f"telemetry.mlflow: cannot finish the sweep's parent run ({type(e).__name__}: {str(e)[:300]})")
     for name in REPORT_FILES if mirror else ():
         sweep_mirror.push_file(sweep_dir / name, mirror)
     summary["fit_s"] = time.time() - t0

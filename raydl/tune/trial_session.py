@@ -38,8 +38,9 @@ class InTrialSession(TorchrunSession):
     """A lone worker in the Tune trial's process: writes its run directory like torchrun's rank 0 and also
     reports every batch of steps to Tune (one Tune result each, which ASHA reads)."""
 
-    def __init__(self, run_dir: str, run_id: str, cfg: JobConfig, events_dir: str | None, metrics: TrialMetrics):
-        super().__init__(run_dir, cfg.checkpoint.keep, cfg.telemetry.progress, events_dir,
+    def __init__(self, run_dir: str, run_id: str, cfg: JobConfig, events_dir: str | None, trackers: dict,
+                 metrics: TrialMetrics):
+        super().__init__(run_dir, cfg.checkpoint.keep, cfg.telemetry.progress, events_dir, trackers,
                          storage_path=cfg.checkpoint.storage_path, run_id=run_id)
         self.metrics = metrics
         # A lone worker saves its checkpoint without a process group by design; torch warns at every save.

@@ -16,6 +16,7 @@ import pytest
 from raydl import jobs
 from raydl.cli import main
 from tests.ray.ray_head import VENV_BIN, short_tmp_dir, start_head, stop_head
+from tests.ray.test_worker_tracebacks import assert_no_traceback
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +74,18 @@ def test_plain_ray_job_submit_trains(head):
     text = out.stdout + out.stderr
     assert "succeeded" in text and ENTRY_LINE.search(text) and '"steps": 20' in text
     print(f"\n[timing] plain ray job submit -> SUCCEEDED {time.monotonic() - t0:.1f} s")
+
+
+def test_a_job_whose_workers_raise_raydls_error_logs_the_paragraph_not_tracebacks(head):
+    """The job's logs hold raydl's paragraph and no worker traceback; the workers.log it names holds them."""
+    sub = raydl(head, "submit", *conn(head), "--follow", "--", "train", *FAST, "--set", "train.lr=1e30")
+    job_id = sub.stdout.splitlines()[0]
+    assert sub.returncode == 1 and f"job {job_id} FAILED" in sub.stderr, sub.stderr[-3000:]
+    logs = sub.stdout
+    assert_no_traceback(logs)
+    [paragraph] = [line for line in logs.splitlines() if line.startswith("raydl: error: training diverged")]
+    workers_log = Path(re.search(r"The workers' tracebacks are in (\S+)\.$", paragraph).group(1))
+    assert "raise TrainingDivergedError" in workers_log.read_text()   # the head is this machine
 
 
 def test_stop_a_running_job(head):

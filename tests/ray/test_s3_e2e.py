@@ -8,7 +8,6 @@ which inherits the AWS_* env of the fixture; stdout must be the summary JSON alo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

@@ -12,7 +12,8 @@ from ray.train import FailureConfig
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 from ray.train.v2.api.exceptions import WorkerGroupError
 
-from raydl.driver.failure_policy import FailFastOnRaydlErrors, raydl_error_in
+from raydl.driver.failure_policy import FailFastOnRaydlErrors
+from raydl.errors import raydl_error_in
 from raydl.errors import DataError, TrainingDivergedError
 
 

@@ -42,15 +42,16 @@ def layout(world_size: int) -> dict:
 
 
 def write_run(run_dir: Path, groups: list[tuple[int, int, int]], *, every: int = 5, events_dir: str | None = None,
-              gpu: bool = False, final: bool = True, core_hour_usd: float | None = None) -> MetricsWriter:
+              gpu: bool = False, final: bool = True, core_hour_usd: float | None = None,
+              trackers: dict | None = None) -> MetricsWriter:
     """Worker groups (world size, first step, last step) reported every `every` steps, a step a second and
     GROUP_GAP_S between groups; a group that starts at or before the previous one's last step redoes those
     steps, as after a restart from an earlier checkpoint. With `core_hour_usd` the run's config prices its CPU
-    core-hours (without a price no $ is recorded)."""
+    core-hours (without a price no $ is recorded). `trackers`: raydl.metrics.trackers settings."""
     if core_hour_usd is not None:
         run_dir.mkdir(parents=True)
         (run_dir / "config.yaml").write_text(dump_yaml(load_config(None, [f"cost.prices.cpu_core={core_hour_usd}"])))
-    writer = MetricsWriter(run_dir, progress=False, events_dir=events_dir)
+    writer = MetricsWriter(run_dir, progress=False, events_dir=events_dir, trackers=trackers)
     last, clock = groups[-1][2], 1.7e9
     for world_size, first, end in groups:
         clock += GROUP_GAP_S - 1

@@ -1,0 +1,87 @@
+"""telemetry.mlflow against a real `mlflow server` (sqlite backend, 127.0.0.1, a free port) and telemetry.wandb
+offline, after real `raydl train` and `raydl sweep` runs on the test Ray: the runs read back with MlflowClient and
+from W&B's offline run files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from raydl.cli import main
+from raydl.tune.space import parse_sweep
+from raydl.tune.sweep import run_sweep
+from tests.mlflow_server import MlflowServer
+from tests.wandb_offline import offline_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    with MlflowServer(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
+
+
+def runs_of(uri: str, experiment: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def test_raydl_train_logs_to_mlflow_and_wandb(ray_session, mlflow_server, tiny_overrides, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "ledger").mkdir()   # the injected failure at step 15 fires once: one restart from the step-10 checkpoint
+    sets = [*tiny_overrides, "telemetry.report_every=5", f"telemetry.mlflow.tracking_uri={mlflow_server.uri}",
+            "telemetry.mlflow.experiment=train", "telemetry.wandb.project=raydl-test", "telemetry.wandb.mode=offline",
+            f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15"]
+    assert main(["train", *(arg for s in sets for arg in ("--set", s))]) == 0
+    err = capsys.readouterr().err
+    [run_dir] = (tmp_path / "runs").iterdir()
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    [run] = runs_of(mlflow_server.uri, "train")
+    client = MlflowClient(mlflow_server.uri)
+    assert f"logging to MLflow run {run.info.run_id}" in err, err
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.max_steps"] == "20" and run.data.params["telemetry.report_every"] == "5"
+    loss = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted((m.step, m.value) for m in loss) == sorted((line["step"], line["loss"]) for line in lines)
+    assert run.data.tags["raydl.restarts"] == "1" and "injected failure at step 15" in run.data.tags["raydl.restart.1"]
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"summary.json", "report.png"}
+
+    wandb_run = offline_run(run_dir / "wandb")
+    assert "logging to W&B run" in err and sorted(wandb_run["history"]) == list(range(1, 21))
+    assert wandb_run["config"]["train.max_steps"] == 20 and "restarted" in wandb_run["tags"]
+
+
+def test_a_sweep_logs_a_parent_run_and_a_child_per_trial(ray_session, mlflow_server, data_cache, tmp_path, capsys):
+    base = {"run": {"runs_dir": str(tmp_path / "runs")}, "data": {"cache_dir": str(data_cache), "builtin_samples": 4096},
+            "scaling": {"min_workers": 1, "max_workers": 1}, "train": {"max_steps": 10, "eval_batches": 2},
+            "telemetry": {"report_every": 5, "progress": False,
+                          "mlflow": {"tracking_uri": mlflow_server.uri, "experiment": "sweep"},
+                          "wandb": {"project": "raydl-test", "mode": "offline"}},
+            "checkpoint": {"every_steps": 10}}
+    result = run_sweep(parse_sweep({"base": base, "space": {"train.lr": [1e-3, 3e-3]}, "objective": "eval_loss"}))
+    capsys.readouterr()
+    sweep_dir = Path(result["sweep_dir"])
+
+    runs = runs_of(mlflow_server.uri, "sweep")
+    [parent] = [r for r in runs if r.data.tags.get("raydl.kind") == "sweep"]
+    children = {r.data.tags["raydl.run_key"]: r for r in runs if r is not parent}
+    assert sorted(children) == sorted(row["trial"] for row in result["trials"])
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children.values())
+    assert parent.info.status == "FINISHED" and parent.data.tags["raydl.best_trial"] == result["best"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    assert {"results.json", "results.png", "best.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    for row in result["trials"]:
+        child = children[row["trial"]]
+        assert float(child.data.params["train.lr"]) == row["lr"] and child.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == list(range(1, 11))
+        wandb_run = offline_run(Path(row["run_dir"]) / "wandb")
+        assert wandb_run["id"] == row["trial"] and wandb_run["group"] == sweep_dir.name
