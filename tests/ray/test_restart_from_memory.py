@@ -1,5 +1,6 @@
-"""Restart from memory (issue 25, point 5): a pipeline run (pp=2) whose worker is SIGKILLed restarts its whole
-worker group, which reloads the last step from the run's state holder instead of the last storage checkpoint.
+"""Restart from memory (issue 25, point 5): a pipeline run (pp=2) or an FSDP run (dp=2) whose worker is SIGKILLed
+restarts its whole worker group, which reloads the last step from the run's state holder instead of the last
+storage checkpoint.
 
 On the fault cluster of tests/ray/test_faults.py (a 1-CPU head and one 1-CPU worker node; one Train worker per
 node), tiny GPT on the built-in task, one epoch of 60 steps, checkpoint.every_steps=100 (no storage checkpoint
@@ -29,13 +30,14 @@ pytestmark = pytest.mark.slow
 
 GB, STEPS = 64, 60
 PP2 = ("parallel.pp_degree=2", "parallel.num_microbatches=2")
+FSDP2 = ("parallel.dp_wrapper=fsdp",)
 
 
-def overrides(data_cache, *extra: str) -> list[str]:
+def overrides(data_cache, *extra: str, layout=PP2) -> list[str]:
     return [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.global_batch_size={GB}",
             f"train.max_steps={STEPS}", "telemetry.report_every=1", "train.eval_batches=2",
             "telemetry.progress=false", "scaling.min_workers=2", "scaling.max_workers=2", "scaling.max_failures=2",
-            *PP2, *extra]
+            *layout, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +57,11 @@ def same_as_reference(run, summary: dict, reference: dict) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_pipeline_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path):
-    reference = reference_run(tmp_path / "reference" / "run", overrides(data_cache, "checkpoint.every_steps=100"))
-    run = ledger_run(tmp_path / "faulted", overrides(data_cache, "checkpoint.every_steps=100"), cluster.address).start()
+@pytest.mark.parametrize("layout", [PP2, FSDP2], ids=["pp2", "fsdp_dp2"])
+def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layout):
+    sets = overrides(data_cache, "checkpoint.every_steps=100", layout=layout)
+    reference = reference_run(tmp_path / "reference" / "run", sets)
+    run = ledger_run(tmp_path / "faulted", sets, cluster.address).start()
     try:
         run.wait_step(30, deadline_s=400)
         assert kill(random.Random(0).choice(run.workers(2)))
