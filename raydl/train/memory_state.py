@@ -1,4 +1,5 @@
-"""Restart from memory: each rank hands its shard of the training state to the run's state holder
+"""Restart from memory: each rank with a part of the state of its own (replicas: one of them, see
+`state_holder.senders`) hands its shard of the training state to the run's state holder
 (`raydl.train.state_holder`, an actor on the driver's node) every checkpoint.memory_every_steps steps, and a
 restarted worker group reloads it from there when it is newer than the last storage checkpoint.
 
@@ -24,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+
+from raydl.train.state_holder import senders
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,8 @@ class MemoryKeeper:
     """Sends this rank's shard to the holder every `every` steps, from a thread of its own."""
 
     def __init__(self, group: GroupStart, *, rank: int, layout: dict[str, Any], every: int):
-        self.group, self.rank, self.layout, self.every = group, rank, layout, every
+        self.group, self.rank, self.layout = group, rank, layout
+        self.every = every if rank < senders(layout) else 0   # a replica: its stage's rank at dp rank 0 sends
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raydl-memory-state")
         self._sent: Future | None = None
 

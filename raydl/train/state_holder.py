@@ -5,11 +5,13 @@ worker and any worker node: after a worker dies and Ray restarts the whole group
 group reloads the step the old one finished last from here instead of the last storage checkpoint, and redoes
 at most the step that was in flight. Storage checkpoints stay: they survive the driver and resize to any layout.
 
-What it keeps: per (worker group, step), each rank's shard as `raydl.train.memory_state` took it (model and
-optimizer tensors of the rank's part of the model, step, data position, scaler). A step counts once every rank
-of its layout has handed its shard over ("complete"); the newest complete step is kept and everything older is
-dropped, so the holder holds one copy of the whole state, plus, while the next step's shards arrive, the
-shards received of it (at most two copies). A worker group that starts claims the holder (`begin_group`): from
+What it keeps: per (worker group, step), each sending rank's shard as `raydl.train.memory_state` took it (model
+and optimizer tensors of the rank's part of the model, step, data position, scaler). Replicas send once: with
+DDP or replicate only the ranks of data-parallel rank 0 send (one per pipeline stage) and the other replicas
+reload their copy; with FSDP every rank holds a shard of its own and sends it (`senders`). A step counts once
+every sender of its layout has handed its shard over ("complete"); the newest complete step is kept and
+everything older is dropped, so the holder holds one copy of the whole state, plus, while the next step's
+shards arrive, the shards received of it (at most two copies). A worker group that starts claims the holder (`begin_group`): from
 then on shards of older groups (sent by a worker that died with its send in flight) are refused.
 
 Plain Python, tested without Ray (tests/unit/test_state_holder.py); Ray runs it as an actor.
@@ -27,6 +29,21 @@ LAYOUT_KEYS = ("world_size", "dp", "pp", "num_microbatches", "micro_batch", "sch
 
 def layout_key(layout: dict[str, Any]) -> dict[str, Any]:
     return {k: layout.get(k) for k in LAYOUT_KEYS}
+
+
+def sharded(layout: dict[str, Any]) -> bool:
+    """Whether data-parallel ranks hold different tensors (FSDP) rather than replicas."""
+    return layout["dp_wrapper"] == "fsdp" and layout["dp"] > 1
+
+
+def senders(layout: dict[str, Any]) -> int:
+    """How many ranks hand their shard over: ranks 0..n-1 (rank = dp_rank * pp + pp_rank, as in Layout.coords)."""
+    return layout["world_size"] if sharded(layout) else layout["pp"]
+
+
+def source_rank(layout: dict[str, Any], rank: int) -> int:
+    """The rank whose held shard `rank` reloads: its own, or its stage's replica at data-parallel rank 0."""
+    return rank if sharded(layout) else rank % layout["pp"]
 
 
 def owned_copy(obj: Any) -> Any:
@@ -67,12 +84,14 @@ class StateHolder:
             return False
         entry = self.entries.setdefault((generation, step), {"layout": layout_key(layout), "ranks": {}})
         entry["ranks"][rank] = owned_copy(shard)
-        if len(entry["ranks"]) == entry["layout"]["world_size"]:
+        if len(entry["ranks"]) == senders(entry["layout"]):
             self._drop_older_than((generation, step))
         return True
 
     def get(self, source_generation: int, step: int, rank: int) -> dict[str, Any]:
-        return self.entries[source_generation, step]["ranks"][rank]
+        """What `rank` of a group in the held step's layout reloads (a replica: its stage's sender's shard)."""
+        entry = self.entries[source_generation, step]
+        return entry["ranks"][source_rank(entry["layout"], rank)]
 
     def held(self) -> dict[str, Any]:
         """What is held, without the tensors: (generation, step) -> ranks, and the bytes of tensors held."""
@@ -80,7 +99,7 @@ class StateHolder:
                 "bytes": sum(tensor_bytes(shard) for e in self.entries.values() for shard in e["ranks"].values())}
 
     def _newest_complete(self) -> tuple[int, int] | None:
-        complete = [k for k, e in self.entries.items() if len(e["ranks"]) == e["layout"]["world_size"]]
+        complete = [k for k, e in self.entries.items() if len(e["ranks"]) == senders(e["layout"])]
         return max(complete, default=None)
 
     def _drop_older_than(self, key: tuple[int, int]) -> None:

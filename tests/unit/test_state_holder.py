@@ -43,6 +43,19 @@ def test_no_step_is_reloadable_when_the_ranks_never_agreed_or_the_layout_changed
     assert resized["step"] is None and "another layout" in resized["why"]
 
 
+def test_replicas_send_once_and_reload_their_stages_copy_while_fsdp_shards_all_count():
+    h = StateHolder()
+    g = h.begin_group(DP2)["generation"]
+    h.put(g, 0, 3, DP2, shard(3))                       # DDP: data-parallel rank 0 alone sends
+    answer = h.begin_group(DP2)
+    assert answer["step"] == 3
+    assert h.get(answer["source_generation"], 3, 1)["model"]["w"].tolist() == [3.0] * 3   # rank 1: rank 0's copy
+    fsdp, h = {**DP2, "dp_wrapper": "fsdp"}, StateHolder()
+    g = h.begin_group(fsdp)["generation"]
+    h.put(g, 0, 4, fsdp, shard(4))
+    assert "no complete step" in h.begin_group(fsdp)["why"]   # rank 1's shard is its own: step 4 is incomplete
+
+
 def test_shards_of_a_group_that_was_replaced_are_refused():
     h = StateHolder()
     old = h.begin_group(PP2)["generation"]
