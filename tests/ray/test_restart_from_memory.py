@@ -1,4 +1,4 @@
-"""Restart from memory (issue 25, point 5): a pipeline run (pp=2) or an FSDP run (dp=2) whose worker is SIGKILLed
+"""Restart from memory (issue 25, point 5): a pipeline run (pp=2), an FSDP or a DDP run (dp=2) whose worker is SIGKILLed
 restarts its whole worker group, which reloads the last step from the run's state holder instead of the last
 storage checkpoint.
 
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 GB, STEPS = 64, 60
 PP2 = ("parallel.pp_degree=2", "parallel.num_microbatches=2")
 FSDP2 = ("parallel.dp_wrapper=fsdp",)
+DDP2 = ("parallel.dp_wrapper=ddp",)   # replicas: rank 0 alone sends, rank 1 reloads rank 0's copy
 
 
 def overrides(data_cache, *extra: str, layout=PP2) -> list[str]:
@@ -57,7 +58,7 @@ def same_as_reference(run, summary: dict, reference: dict) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("layout", [PP2, FSDP2], ids=["pp2", "fsdp_dp2"])
+@pytest.mark.parametrize("layout", [PP2, FSDP2, DDP2], ids=["pp2", "fsdp_dp2", "ddp_dp2"])
 def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layout):
     sets = overrides(data_cache, "checkpoint.every_steps=100", layout=layout)
     reference = reference_run(tmp_path / "reference" / "run", sets)
