@@ -136,6 +136,13 @@ class CheckpointSection:
     shared_local: bool = _f(False, "The local checkpoint path (storage_path, or the run directory) is on storage every "
                             "node mounts (NFS): lets a multi-node or autoscaling cluster checkpoint there. Without it "
                             "such a run is refused, since a node that dies takes its local disk with it.")
+    memory_every_steps: int = _f(1, "Under Ray: every N steps each rank hands its shard of the training state (its part "
+                                 "of the model and optimizer, the step, the data position) to an actor on the driver's "
+                                 "node, so that a restart of the whole worker group after a worker dies reloads it from "
+                                 "there and redoes at most N steps, instead of every step since the last storage "
+                                 "checkpoint. Costs one copy of the whole state (two while a step's shards arrive) in "
+                                 "that node's RAM and a copy of its shard per N steps on each rank; 0 = off "
+                                 "(docs/restart-from-memory.md).")
 
 
 @dataclass(kw_only=True)
@@ -308,6 +315,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "train.grad_clip": (0, None, True, False), "train.seed": (0, None, True, False),
     "train.eval_every": (0, None, True, False), "train.eval_batches": (0, None, False, False),
     "checkpoint.every_steps": (0, None, False, False), "checkpoint.keep": (0, None, False, False),
+    "checkpoint.memory_every_steps": (0, None, True, False),
     "scaling.min_workers": (0, None, False, False), "scaling.max_workers": (0, None, False, False),
     "scaling.cpus_per_worker": (0, None, False, False), "scaling.gpus_per_worker": (0, None, True, False),
     "scaling.max_failures": (-1, None, True, False), "scaling.resize_check_s": (0, None, False, False),

@@ -4,13 +4,19 @@ On a multi-node Ray cluster on this machine; also the steps each fault made trai
 
     raydl bench recovery                      # both faults x both settings, writes benchmarks/results/recovery-cpu.json
     raydl bench recovery --faults worker_kill --settings raydl
+    raydl bench recovery --faults pp_worker_kill --out benchmarks/results/recovery-memory-cpu.json   # memory vs storage
 
 Faults, injected from outside as real ones happen (tiny GPT, 2 workers on a 1-CPU head + one 1-CPU node):
   worker_kill   SIGKILL one RayTrainWorker process mid-interval (fixed 2 workers)
   node_loss     kill the worker node's raylet and everything on it, without notice (elastic 1..2 workers)
-Settings:
+  pp_worker_kill  SIGKILL one worker of a pipeline run (pp=2, fixed 2 workers, checkpoint.every_steps=100,
+                a record per step): Ray restarts the whole group
+Settings (worker_kill, node_loss):
   raydl         raydl's defaults: worker start timeout 15 s, resize check 30 s, Train health check 0.5 s
   ray           Ray's defaults:   worker start timeout 60 s, resize check 60 s, Train health check 2 s
+Settings (pp_worker_kill), both with raydl's timing defaults:
+  memory        the restarted group reloads the last step from the state holder (checkpoint.memory_every_steps=1)
+  storage       it reloads the last storage checkpoint, as before (checkpoint.memory_every_steps=0)
 Measured per run: recovery_s = fault -> the first step the restarted worker group completes (step end time as
 the worker recorded it; a step the old group had in flight and finished after the fault does not count);
 progress_s = fault -> its first step past the last one completed before the fault (the redone steps
@@ -40,17 +46,23 @@ SETTINGS = {
     "raydl": {"overrides": [], "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}},
     "ray": {"overrides": ["scaling.worker_start_timeout_s=60", "scaling.resize_check_s=60"],
             "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}},
+    "memory": {"overrides": ["checkpoint.memory_every_steps=1"], "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}},
+    "storage": {"overrides": ["checkpoint.memory_every_steps=0"], "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}},
 }
-FAULTS = ("worker_kill", "node_loss")
+FAULT_SETTINGS = {"worker_kill": ("raydl", "ray"), "node_loss": ("raydl", "ray"), "pp_worker_kill": ("memory", "storage")}
+FAULTS = tuple(FAULT_SETTINGS)
 EVERY = 10          # checkpoint interval: the bound on steps redone
+PIPELINE = ["parallel.pp_degree=2", "parallel.num_microbatches=2", "checkpoint.every_steps=100",
+            "telemetry.report_every=1"]   # every step's record reaches metrics.jsonl: steps redone counted exactly
 
 
 def run_config(data_dir: Path, steps: int, fault: str, setting: str) -> list[str]:
-    workers = ["scaling.min_workers=2", "scaling.max_workers=2"] if fault == "worker_kill" else \
+    workers = ["scaling.min_workers=2", "scaling.max_workers=2"] if fault != "node_loss" else \
         ["scaling.min_workers=1", "scaling.max_workers=2"]
     return [f"data.cache_dir={data_dir}", "data.builtin_samples=4096", f"train.max_steps={steps}",
             f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
-            "telemetry.progress=false", "scaling.max_failures=3", *workers, *SETTINGS[setting]["overrides"]]
+            "telemetry.progress=false", "scaling.max_failures=3", *workers, *SETTINGS[setting]["overrides"],
+            *(PIPELINE if fault == "pp_worker_kill" else [])]
 
 
 def start_at_two_workers(root: Path, overrides: list[str], address: str, env: dict[str, str],
@@ -78,7 +90,7 @@ def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, step
         done_before = run.step()
         victim = rng.choice(run.workers(2))
         t_fault = time.time()
-        if fault == "worker_kill":
+        if fault != "node_loss":
             kill(victim)
         else:
             cluster.remove(cluster.nodes[0], graceful=False)
@@ -104,7 +116,8 @@ def new_group_steps(records: list[dict[str, Any]], restart: dict[str, Any],
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser("recovery", __doc__)
     p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
-    p.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(SETTINGS))
+    p.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(SETTINGS),
+                   help="Each fault runs with the settings of its own that are given (see above).")
     p.add_argument("--steps", type=int, default=120, help="Steps per run (the fault comes at --at-step).")
     p.add_argument("--at-step", type=int, default=33)
     args = harness.parse_args(p, argv)
@@ -116,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sides = {f"{fault}/{setting}": functools.partial(measure, cluster, work, fault, setting, steps=args.steps,
                                                          at_step=args.at_step, rng=rng)
-                 for fault in args.faults for setting in args.settings}
+                 for fault in args.faults for setting in args.settings if setting in FAULT_SETTINGS[fault]}
         runs = harness.alternate(sides, args.repeats)
     finally:
         cluster.shutdown()
     stats = {side: harness.summarize(side_runs) for side, side_runs in runs.items()}
     for side, side_stats in stats.items():
         print(harness.describe(f"{side} recovery", side_stats["recovery_s"], " s"))
-    session.write(steps=args.steps, at_step=args.at_step, checkpoint_every_steps=EVERY, settings=SETTINGS,
+    session.write(steps=args.steps, at_step=args.at_step, checkpoint_every_steps=EVERY, pipeline=PIPELINE, settings=SETTINGS,
                   sides=stats, runs=runs)
     return 0
 

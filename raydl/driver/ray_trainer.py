@@ -155,6 +155,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     storage_path, name = checkpoint_storage(cfg, run.run_dir, run.job["run_id"])
     sink = start_sink(run.job["metrics_sink"], str(run.run_dir), cfg.telemetry.progress, events_dir(cfg, run.job),
                       trackers.settings_for(cfg, run.job), run_mirror.location(storage.join(storage_path, name)))
+    holder = start_state_holder(run)   # before the trainer: it names the holder in run.job
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
     gpu = "GPU" in resources
@@ -178,7 +179,20 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     )
     trainer.private_ray = os.environ.get(PRIVATE_RAY_ENV) == "1"
     trainer.metrics_sink = sink   # the actor lives as long as a handle to it does
+    trainer.state_holder = holder
     return trainer
+
+
+def start_state_holder(run: PreparedRun):
+    """The run's state holder (restart from memory, docs/restart-from-memory.md) on this node, which outlives any
+    worker; none when it is off or when no failure is retried (a sweep trial: max_failures=0)."""
+    from raydl.node_actor import start_on_this_node
+    from raydl.train.state_holder import StateHolder
+
+    if not run.cfg.checkpoint.memory_every_steps or run.cfg.scaling.max_failures == 0:
+        return None
+    run.job["state_holder"] = f"raydl-state-{run.job['run_id']}"
+    return start_on_this_node(StateHolder, run.job["state_holder"])
 
 
 def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,

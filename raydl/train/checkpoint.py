@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 import pyarrow.fs as pafs
 
@@ -41,6 +41,12 @@ from raydl.train.checkpoint_state import FORMAT, state_problem
 
 STATE_FILE = "raydl_state.json"
 FIX_EARLIER = "Fix: resume from an earlier checkpoint of the run"
+# The optimizer state keyed by parameter name, hyperparameters included (torchtitan's choice). In torch's default
+# nested form every rank saves its param group's list of parameter names under one key, "optim.param_groups.0.params";
+# DCP keeps one rank's, and a pipeline stage then loaded another stage's names: its first optimizer step after a
+# resume failed (KeyError: 'betas'). Checkpoints written before keep loading in their nested form.
+FLAT_OPTIMIZER = StateDictOptions(flatten_optimizer_state_dict=True)
+NESTED_KEY = "optim.param_groups.0.params"
 
 
 def checkpoint_name(step: int) -> str:
@@ -58,7 +64,7 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
     """Every rank writes its shards into `path` (its own or a shared dir); rank 0 writes the state last."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
     mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / safe_dcp.METADATA_FILE] if rank == 0 else [])
     _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
@@ -213,11 +219,12 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
             return load(local, model, optimizer, fingerprint)
     state = read_state(path)
     check_compatible(state, fingerprint, path)
-    msd, osd = get_state_dict(model, optimizer)
     try:
         reader = safe_dcp.CheckedReader(path)
+        options = StateDictOptions() if NESTED_KEY in reader.metadata.state_dict_metadata else FLAT_OPTIMIZER
+        msd, osd = get_state_dict(model, optimizer, options=options)
         dcp.load({"model": msd, "optim": osd}, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
-        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=options)
     # DCP raises assorted errors on missing/corrupt shards, each rank's wrapped in a CheckpointException
     # (a BaseException whose text is a traceback).
     except (Exception, CheckpointException) as e:

@@ -42,6 +42,7 @@ from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
+from raydl.train.memory_state import GroupStart, MemoryKeeper, begin_group
 from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
@@ -68,7 +69,15 @@ def seed_step(seed: int, step: int, rank: int) -> None:
     torch.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
 
 
-def restore(session, job: dict, engine, optimizer, scaler, fingerprint) -> TrainerState:
+def restore(session, job: dict, engine, optimizer, scaler, fingerprint, held: GroupStart | None) -> TrainerState:
+    """The state to start from: the state holder's (restart from memory) when newer than storage's newest
+    checkpoint, else that checkpoint (or --resume's, or nothing)."""
+    if held and held.newer_than(session.newest_checkpoint_step()):
+        saved = held.load(session.rank, engine.model, optimizer, scaler)
+        if session.rank == 0:
+            session.announce(f"resumed from memory at step {saved['step']} (held by the run's state holder; "
+                             f"the newest storage checkpoint is older)")
+        return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
     with session.latest_checkpoint() as path:
         path = path or job.get("resume_from")
         if not path:
@@ -100,6 +109,7 @@ class Worker:
     total_steps: int
     last_checkpoint_step: int = 0
     last_finite_loss: tuple[int, float] | None = None
+    keeper: MemoryKeeper | None = None   # restart from memory (checkpoint.memory_every_steps), under Ray
     marks: startup.Marks = dataclasses.field(default_factory=startup.Marks)   # this start's, up to its data
     memory: MemoryMarks = dataclasses.field(default_factory=MemoryMarks)   # debug.memory_dir's peaks
 
@@ -136,8 +146,11 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     layout = engine.layout
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, session.device)
-    state = restore(session, job, engine, optimizer, scaler, fingerprint)
     memory.mark("built", layout=engine.layout.to_dict(), coords=engine.layout.coords(session.rank))
+    holder, every_held = job.get("state_holder"), cfg.checkpoint.memory_every_steps
+    held = begin_group(holder, session.rank, layout.to_dict()) if holder and every_held else None
+    state = restore(session, job, engine, optimizer, scaler, fingerprint, held)
+    keeper = MemoryKeeper(held, rank=session.rank, layout=layout.to_dict(), every=every_held) if held else None
     dp_rank = layout.coords(session.rank)[0]
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * epoch_steps(info, layout.global_batch)
     loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
@@ -153,7 +166,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     if session.rank == 0:
         session.announce(describe(layout, start_step=state.step, num_params=fingerprint["params"]))
     return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
-                  total_steps, last_checkpoint_step=state.step, marks=marks, memory=memory), state
+                  total_steps, last_checkpoint_step=state.step, keeper=keeper, marks=marks, memory=memory), state
 
 
 def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
@@ -166,6 +179,8 @@ def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
     w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                   step=state.step, final=final))
     w.gpu.close()
+    if w.keeper:
+        w.keeper.close()
     w.session.close()
     return dataclasses.asdict(final)
 
@@ -191,6 +206,8 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
             grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
         loss, grad_norm = host_values(stats.loss, grad_norm)   # the step's one CPU-GPU sync
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
+        if w.keeper:
+            w.keeper.after_step(state.to_dict(), w.engine.model, w.optimizer, w.scaler)
         record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=loss, lr=lr,
                                 grad_norm=grad_norm, samples=layout.global_batch, world_size=w.session.world_size,
                                 data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,

@@ -78,6 +78,10 @@ class RaySession:
             dirs = [stack.enter_context(c.as_directory()) for c in reversed(reported)]
             yield ckpt.agree_on_first_valid(dirs)
 
+    def newest_checkpoint_step(self) -> int | None:
+        """The step of the newest checkpoint Ray registered for this run (from its metrics: no storage read)."""
+        return max((r.metrics.get("step", -1) for r in self._train.get_all_reported_checkpoints()), default=None)
+
     def controller_start(self) -> float | None:
         """When the Train controller's process started (a start-up mark), asked of the controller."""
         import ray
