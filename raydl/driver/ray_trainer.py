@@ -39,6 +39,8 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         # The bucket's endpoint and region, as the driver sees them (local Ray workers inherit the rest).
         **{k: os.environ[k] for k in storage.FORWARDED_ENV if k in os.environ},
     }
+    # torchft's Rust Lighthouse and Manager (the survivors path) log every step's quorum at INFO.
+    env["RUST_LOG"] = os.environ.get("RUST_LOG", "warn")
     # Train patches print() on workers to tee into its logger too: every raydl line would show twice.
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
     if "ONEDNN_MAX_CPU_ISA" in os.environ:   # only when the user capped it: raydl never caps it by itself
@@ -195,6 +197,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     trainer = RaydlTrainer(
         run_worker,
         train_loop_config=run.job,
+        torch_config=survivors_backend(cfg) if run.job.get("recovery", {}).get("survivors") else None,
         scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if elastic else s.max_workers,
                                      use_gpu=gpu, resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=s.resize_check_s),
@@ -213,6 +216,17 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     trainer.private_ray = os.environ.get(PRIVATE_RAY_ENV) == "1"
     trainer.metrics_sink = sink   # the actor lives as long as a handle to it does
     return trainer
+
+
+def survivors_backend(cfg: JobConfig):
+    """Ray Train's torchft backend (raydl.driver.survivors_backend): one replica group per worker, so that Ray
+    replaces a dead worker alone while the others go on (raydl.train.survivors). The Lighthouse forms each
+    step's quorum; a worker silent for survivor_timeout_s is left out of the next one. min_replicas=1: the
+    survivors go on at any size."""
+    from raydl.driver.survivors_backend import RaydlTorchftConfig
+
+    return RaydlTorchftConfig(lighthouse_kwargs={"min_replicas": 1,
+                                                 "heartbeat_timeout_ms": int(cfg.scaling.survivor_timeout_s * 1000)})
 
 
 def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,

@@ -57,7 +57,8 @@ LONG = ("train.max_steps=600", "checkpoint.every_steps=10")
 def base(data_cache: Path) -> list[str]:
     return [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.global_batch_size={GB}",
             f"train.max_steps={STEPS}", f"checkpoint.every_steps={EVERY}", f"telemetry.report_every={EVERY}",
-            "train.eval_batches=2", "telemetry.progress=false"]
+            "train.eval_batches=2", "telemetry.progress=false",
+            "scaling.survivors=off"]   # the full-restart path; tests/ray/test_survivors.py tests the other
 
 
 @pytest.fixture(scope="module")
