@@ -33,7 +33,7 @@ from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
 from raydl.bench.procs import kill
-from tests.helpers import attempts, committed_ids, epoch_ids, read_ledger
+from raydl.data.ledger_read import attempts, committed_ids, epoch_ids, read_ledger
 from tests.ray.fault_harness import checkpoints, ledger, ledger_run, open_files, preempted_checkpoints, reference_run
 
 pytestmark = pytest.mark.slow

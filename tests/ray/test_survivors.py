@@ -20,7 +20,7 @@ from raydl.bench.procs import kill
 from raydl.data.dataset import resolve_path
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from tests.helpers import attempts, committed_ids, epoch_ids
+from raydl.data.ledger_read import committed_ids, epoch_ids, steps_redone
 from tests.ray.fault_harness import ledger, ledger_run
 
 pytest.importorskip("torchft")
@@ -34,17 +34,6 @@ def cluster():
     c = FaultCluster()
     yield c
     c.shutdown()
-
-
-def steps_redone(directory: Path) -> int:
-    """The most steps one loader handed out past the position its successor started from: steps taken again."""
-    found = attempts(directory)
-    redone = 0
-    for attempt, after in zip(found, found[1:]):
-        start = (after.start["epoch"], after.start["offset"])
-        for steps in attempt.ranks.values():
-            redone = max(redone, sum((s["epoch"], s["offset"]) > start for s in steps))
-    return redone
 
 
 def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, data_cache, tmp_path):
