@@ -55,6 +55,8 @@ def _blocker(cfg: JobConfig, *, torchft: bool) -> str | None:
         return f"parallel.dp_wrapper={p.dp_wrapper} shards state over the group; set ddp or auto"
     if s.max_workers < 2:
         return "a single worker has no survivors"
+    if s.max_failures == 0:
+        return "scaling.max_failures=0 ends the run at the first failure"
     for live in range(1, s.max_workers + 1):   # the survivors keep the global batch at every size they may reach
         try:
             batch_split(global_batch=t.global_batch_size, micro_batch=t.micro_batch_size, dp=live, strict=True)
