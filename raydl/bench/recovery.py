@@ -9,6 +9,8 @@ On a multi-node Ray cluster on this machine.
 Faults, injected from outside as real ones happen (tiny GPT, 2 workers on a 1-CPU head + one 1-CPU node):
   worker_kill   SIGKILL one RayTrainWorker process mid-interval (fixed 2 workers)
   node_loss     kill the worker node's raylet and everything on it, without notice (elastic 1..2 workers)
+  none          no fault: the default run's config (its report and checkpoint intervals), 2 workers, to time the
+                steady-state step of each path (step_s: the median after the first fifth of the steps)
 Settings (the first two take the full-restart path, scaling.survivors=off):
   raydl         raydl's defaults: worker start timeout 15 s, resize check 30 s, Train health check 0.5 s
   ray           Ray's defaults:   worker start timeout 60 s, resize check 60 s, Train health check 2 s
@@ -57,11 +59,14 @@ SETTINGS = {
             "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "2"}},
     "survivors": {"overrides": ["scaling.survivors=on"], "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}},
 }
-FAULTS = ("worker_kill", "node_loss")
+FAULTS = ("worker_kill", "node_loss", "none")
 EVERY = 10          # checkpoint interval: the bound on steps redone
 
 
 def run_config(data_dir: Path, steps: int, fault: str, setting: str, ledger: Path) -> list[str]:
+    if fault == "none":
+        return [f"data.cache_dir={data_dir}", f"train.max_steps={steps}", "telemetry.progress=false",
+                *SETTINGS[setting]["overrides"]]
     workers = ["scaling.min_workers=2", "scaling.max_workers=2"] if fault == "worker_kill" else \
         ["scaling.min_workers=1", "scaling.max_workers=2"]
     return [f"data.cache_dir={data_dir}", "data.builtin_samples=4096", f"train.max_steps={steps}",
@@ -92,6 +97,8 @@ def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, step
     root = Path(tempfile.mkdtemp(dir=work, prefix=f"{fault}-{setting}-"))
     overrides = run_config(work / "data", steps, fault, setting, root / "ledger")
     run = start_at_two_workers(root, overrides, cluster.address, SETTINGS[setting]["env"], root / "ledger")
+    if fault == "none":
+        return steady(run)
     try:
         run.wait_step(at_step, deadline_s=300)
         done_before = run.step()
@@ -115,6 +122,18 @@ def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, step
             "steps_redone": steps_redone(root / "ledger"), "samples_lost": lost, "samples_repeated": repeated,
             "restarts": len(summary["restarts"]), "step_s_before": round(statistics.median(before), 4),
             "fault_after_step": done_before, "restart": restart, "world_sizes": summary["world_sizes"],
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def steady(run: Run) -> dict[str, Any]:
+    try:
+        run.finish(deadline_s=900)
+    finally:
+        run.stop()
+    records = run.records()
+    warm = records[len(records) // 5:]
+    return {"step_s": round(statistics.median(r["step_s"] for r in warm), 4),
+            "samples_per_s": round(sum(r["samples"] for r in warm) / (warm[-1]["time"] - warm[0]["time"]), 1),
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
@@ -158,12 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         cluster.shutdown()
     stats = {side: harness.summarize(side_runs) for side, side_runs in runs.items()}
     for side, side_stats in stats.items():
-        print(harness.describe(f"{side} stall", side_stats["stall_s"], " s"))
-    overhead = {}
-    if "worker_kill/survivors" in runs and "worker_kill/raydl" in runs:   # each round's two runs back to back
-        overhead = harness.paired_ratios([r["step_s_before"] for r in runs["worker_kill/survivors"]],
-                                         [r["step_s_before"] for r in runs["worker_kill/raydl"]])
-        print(harness.describe("survivors / full-restart step time before the fault", overhead))
+        if "stall_s" in side_stats:
+            print(harness.describe(f"{side} stall", side_stats["stall_s"], " s"))
+    overhead = {}   # each round's two runs ran back to back
+    for fault, key in (("worker_kill", "step_s_before"), ("none", "step_s")):
+        if f"{fault}/survivors" in runs and f"{fault}/raydl" in runs:
+            overhead[fault] = harness.paired_ratios([r[key] for r in runs[f"{fault}/survivors"]],
+                                                    [r[key] for r in runs[f"{fault}/raydl"]])
+            print(harness.describe(f"{fault}: survivors / full-restart step time", overhead[fault]))
     session.write(steps=args.steps, at_step=args.at_step, checkpoint_every_steps=EVERY, settings=SETTINGS,
                   sides=stats, step_time_ratio_survivors_over_restart=overhead, runs=runs)
     return 0
