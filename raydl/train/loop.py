@@ -157,7 +157,8 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
 
     survivors, loader, copied = None, None, None
     if path.survivors:
-        survivors = Survivors(cfg, replica=session.rank, workers=session.world_size, engine=engine, optimizer=optimizer, scaler=scaler,
+        survivors = Survivors(cfg, replica=session.rank, workers=session.world_size, engine=engine,
+                              optimizer=optimizer, scaler=scaler,
                               make_loader=lambda position, members: open_loader(
                                   position, members.rank, members.size, survivors.state["step"]))
         copied = survivors.join(TrainerState().to_dict())   # a live peer's state, before any storage read
@@ -237,10 +238,10 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
             t_eval = time.perf_counter()
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
-        checkpoint_due = (state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps) and \
-            (not w.survivors or w.survivors.members.size == w.session.world_size)
         # On the survivors path, checkpoints wait for the full group: Ray's report is a barrier of every worker,
         # which a replacement still starting would not reach before the survivors' quorum times out.
+        checkpoint_due = (state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps) and \
+            (not w.survivors or w.survivors.members.size == w.session.world_size)
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
             t_report = time.perf_counter()
             agreed = report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, saved_on_notice=saved_on_notice)
