@@ -4,8 +4,7 @@ and the time until the run is back at full size, for the two recovery paths side
 On a multi-node Ray cluster on this machine.
 
     raydl bench recovery                      # both paths, writes benchmarks/results/recovery-cpu.json
-    raydl bench recovery --faults worker_kill none --settings raydl survivors \
-        --out benchmarks/results/recovery-survivors-cpu.json
+    raydl bench recovery --faults worker_kill none --out benchmarks/results/recovery-survivors-cpu.json
 
 Faults, injected from outside as real ones happen (tiny GPT, 2 workers on a 1-CPU head + one 1-CPU node):
   worker_kill   SIGKILL one RayTrainWorker process mid-interval (fixed 2 workers)
