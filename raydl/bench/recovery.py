@@ -112,8 +112,7 @@ def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, step
     finally:
         run.stop()
     records, restart = run.records(), (summary["restarts"][0] if summary["restarts"] else {})
-    after = new_group_steps(records, restart) if restart else next(r for r in records if r["time"] > t_fault)
-    progress = next(r for r in records if r["time"] >= after["time"] and r["step"] > done_before)
+    after, progress = after_fault(records, restart, t_fault, done_before)
     full = back_at_full_size(records, after)
     lost, repeated = lost_and_repeated(root / "ledger", data_dir(overrides))
     before = [r["step_s"] for r in records if r["time"] < t_fault and r["world_size"] == 2][5:]   # warm
@@ -145,6 +144,14 @@ def data_dir(overrides: list[str]) -> Path:
 def back_at_full_size(records: list[dict[str, Any]], after: dict[str, Any]) -> dict[str, Any] | None:
     """The first step at 2 workers from `after` (the first step after the fault) on; None if the run ended smaller."""
     return next((r for r in records if r["time"] >= after["time"] and r["world_size"] == 2), None)
+
+
+def after_fault(records: list[dict[str, Any]], restart: dict[str, Any], t_fault: float,
+                done_before: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the first step after the fault: the restarted group's first, or without a restart the survivors' next;
+    the first step from there past `done_before`, the last step completed before the fault)."""
+    after = new_group_steps(records, restart) if restart else next(r for r in records if r["time"] > t_fault)
+    return after, next(r for r in records if r["time"] >= after["time"] and r["step"] > done_before)
 
 
 def new_group_steps(records: list[dict[str, Any]], restart: dict[str, Any]) -> dict[str, Any]:
