@@ -161,6 +161,22 @@ def new_group_steps(records: list[dict[str, Any]], restart: dict[str, Any]) -> d
     return records[max(i for i, r in enumerate(records) if r["step"] == restart["resumed_at_step"] + 1)]
 
 
+def write(session: harness.Session, args, runs: dict[str, list[dict[str, Any]]]) -> None:
+    stats = {side: harness.summarize(side_runs) for side, side_runs in runs.items()}
+    for side, side_stats in stats.items():
+        if "stall_s" in side_stats:
+            print(harness.describe(f"{side} stall", side_stats["stall_s"], " s"))
+    overhead = {}   # each round's two runs ran back to back
+    for fault, key in (("worker_kill", "step_s_before"), ("none", "step_s")):
+        if f"{fault}/survivors" in runs and f"{fault}/raydl" in runs:
+            overhead[fault] = harness.paired_ratios([r[key] for r in runs[f"{fault}/survivors"]],
+                                                    [r[key] for r in runs[f"{fault}/raydl"]])
+            print(harness.describe(f"{fault}: survivors / full-restart step time", overhead[fault]))
+    session.write(steps=args.steps, at_step=args.at_step, checkpoint_every_steps=EVERY, settings=SETTINGS,
+                  rounds_done=min(len(side_runs) for side_runs in runs.values()), sides=stats,
+                  step_time_ratio_survivors_over_restart=overhead, runs=runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser("recovery", __doc__)
     p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
@@ -174,26 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     session = harness.Session("recovery", args)
     work, rng = Path(tempfile.mkdtemp(prefix="raydl-bench-recovery-")), random.Random(0)
     cluster = FaultCluster()
+    runs: dict[str, list[dict[str, Any]]] = {}
     try:
         sides = {f"{fault}/{setting}": functools.partial(measure, cluster, work, fault, setting, steps=args.steps,
                                                          at_step=args.at_step, rng=rng)
                  for fault in args.faults for setting in args.settings
                  if not (setting == "survivors" and fault == "node_loss")}
-        runs = harness.alternate(sides, args.repeats)
+        for _ in range(args.repeats):   # written after every round: a run takes minutes on a busy machine
+            for side, side_runs in harness.alternate(sides, 1).items():
+                runs.setdefault(side, []).extend(side_runs)
+            write(session, args, runs)
     finally:
         cluster.shutdown()
-    stats = {side: harness.summarize(side_runs) for side, side_runs in runs.items()}
-    for side, side_stats in stats.items():
-        if "stall_s" in side_stats:
-            print(harness.describe(f"{side} stall", side_stats["stall_s"], " s"))
-    overhead = {}   # each round's two runs ran back to back
-    for fault, key in (("worker_kill", "step_s_before"), ("none", "step_s")):
-        if f"{fault}/survivors" in runs and f"{fault}/raydl" in runs:
-            overhead[fault] = harness.paired_ratios([r[key] for r in runs[f"{fault}/survivors"]],
-                                                    [r[key] for r in runs[f"{fault}/raydl"]])
-            print(harness.describe(f"{fault}: survivors / full-restart step time", overhead[fault]))
-    session.write(steps=args.steps, at_step=args.at_step, checkpoint_every_steps=EVERY, settings=SETTINGS,
-                  sides=stats, step_time_ratio_survivors_over_restart=overhead, runs=runs)
     return 0
 
 
