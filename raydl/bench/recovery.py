@@ -18,8 +18,8 @@ Settings (the first two take the full-restart path, scaling.survivors=off):
                 Ray's replacement copies it. worker_kill only: a lost node's worker cannot be re-placed here,
                 and an elastic resize is a full restart in Ray 2.60.
 Measured per run (step end times as the workers recorded them):
-  stall_s        fault -> the first step completed after it: by the restarted group (a step the old group had
-                 in flight and finished after the fault does not count), or by the survivors;
+  stall_s        fault -> the first step of the workers that recovered: the restarted group's first, or the
+                 survivors' first at the smaller size (the step in flight, finished after the fault, does not count);
   progress_s     fault -> the first step past the last one completed before the fault (redone steps included);
   full_size_s    fault -> the first step at 2 workers again;
   steps_redone   steps trained twice (sample-id ledger: steps a loader handed out past where its successor began);
@@ -147,10 +147,13 @@ def back_at_full_size(records: list[dict[str, Any]], after: dict[str, Any]) -> d
 
 
 def after_fault(records: list[dict[str, Any]], restart: dict[str, Any], t_fault: float,
-                done_before: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the first step after the fault: the restarted group's first, or without a restart the survivors' next;
-    the first step from there past `done_before`, the last step completed before the fault)."""
-    after = new_group_steps(records, restart) if restart else next(r for r in records if r["time"] > t_fault)
+                done_before: int, workers: int = 2) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the first step after the fault by the workers that recovered: the restarted group's first, or without a
+    restart the survivors' first at the smaller size; the first step from there past `done_before`, the last
+    step completed before the fault). The step in flight can still end after the fault, in the old group or,
+    when its all-reduce had completed, on the survivors: it ends no stall."""
+    after = new_group_steps(records, restart) if restart else \
+        next(r for r in records if r["time"] > t_fault and r["world_size"] < workers)
     return after, next(r for r in records if r["time"] >= after["time"] and r["step"] > done_before)
 
 

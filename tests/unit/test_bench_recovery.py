@@ -4,8 +4,8 @@ survivors path, the survivors' next step."""
 from raydl.bench.recovery import after_fault
 
 
-def record(step: int, time: float) -> dict:
-    return {"step": step, "time": time}
+def record(step: int, time: float, world_size: int = 2) -> dict:
+    return {"step": step, "time": time, "world_size": world_size}
 
 
 def test_a_step_in_flight_at_the_fault_is_not_the_recovery():
@@ -22,8 +22,15 @@ def test_nothing_redone_the_new_group_starts_after_the_old_ones_last_step():
     assert first == record(6, 126) and progress == first
 
 
-def test_without_a_restart_the_survivors_next_step_ends_the_stall():
-    # steps 1..10 every second; the fault at t=10.5 discards step 11, which the survivor redoes, done at t=13
-    records = [record(s, float(s)) for s in range(1, 11)] + [record(s, 2.0 + s) for s in range(11, 14)]
+def test_without_a_restart_the_survivors_first_step_alone_ends_the_stall():
+    # steps 1..10 every second; the fault at t=10.5 discards step 11, which the survivor redoes alone, done at t=13
+    records = [record(s, float(s)) for s in range(1, 11)] + [record(s, 2.0 + s, 1) for s in range(11, 14)]
     first, progress = after_fault(records, {}, 10.5, done_before=10)
-    assert first == progress == record(11, 13.0)
+    assert first == progress == record(11, 13.0, 1)
+
+
+def test_a_step_in_flight_that_the_survivor_commits_is_not_the_end_of_the_stall():
+    # the fault at t=10.5 came after step 11's all-reduce: step 11 ends at 10.6 at 2 workers, step 12 alone at 13
+    records = [record(s, float(s)) for s in range(1, 11)] + [record(11, 10.6)] + [record(12, 13.0, 1)]
+    first, progress = after_fault(records, {}, 10.5, done_before=10)
+    assert first == progress == record(12, 13.0, 1)
