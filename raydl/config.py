@@ -160,6 +160,12 @@ class ScalingSection:
                                      "0 = the GPU's memory, or on CPU this node's RAM / the workers on it.")
     fit_timeout_s: float = _f(600.0, "Seconds to wait, on a cluster given by --address (which may autoscale), until "
                               "min_workers workers fit before failing with the numbers; a local Ray fails at once.")
+    survivors: str = _f("auto", "When a worker dies, the others keep training and a replacement copies a live peer "
+                        "(torchft, the `ft` extra; data-parallel layouts only): auto (when torchft is installed and "
+                        "the layout allows it), on (required), off (every failure restarts the whole group).",
+                        choices=("auto", "on", "off"))
+    survivor_timeout_s: float = _f(1.0, "Seconds without a heartbeat from a worker before the survivors go on "
+                                   "without it (torchft Lighthouse heartbeat timeout; scaling.survivors).")
 
 
 @dataclass(kw_only=True)
@@ -320,7 +326,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "scaling.cpus_per_worker": (0, None, False, False), "scaling.gpus_per_worker": (0, None, True, False),
     "scaling.max_failures": (-1, None, True, False), "scaling.resize_check_s": (0, None, False, False),
     "scaling.worker_start_timeout_s": (0, None, False, False), "scaling.fit_timeout_s": (0, None, True, False),
-    "scaling.memory_per_worker_gb": (0, None, True, False), "telemetry.report_every": (0, None, False, False),
+    "scaling.memory_per_worker_gb": (0, None, True, False), "scaling.survivor_timeout_s": (0, None, False, False),
+    "telemetry.report_every": (0, None, False, False),
     "telemetry.profile_steps": (0, None, True, False),
 }
 

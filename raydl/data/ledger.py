@@ -1,7 +1,7 @@
 """Test hooks of the `debug` config section: a ledger of the sample ids each rank consumes, and a
 one-time injected failure.
 
-    debug.ledger_dir=DIR     every loader appends to DIR/ledger-<pid>-dp<rank>.jsonl: a header line
+    debug.ledger_dir=DIR     every loader writes DIR/ledger-<pid>-dp<rank>[.<n>].jsonl: a header line
                              {"start": {epoch, offset}, "t", "dp_rank", "dp_size"} and then, per step
                              handed to training, {"epoch", "offset" (position after the step), "ids"}.
     debug.fail_at_step=K     the first rank to reach global step K raises, once per ledger dir (a
@@ -49,8 +49,17 @@ class LedgerFile:
                  global_batch: int):
         self.ledger, self.dp_rank = ledger, dp_rank
         self.steps_per_epoch, self.global_batch = steps_per_epoch, global_batch
-        self.path = os.path.join(ledger.directory, f"ledger-{os.getpid()}-dp{dp_rank}.jsonl")
+        self.path = self._unused_path(ledger.directory, f"ledger-{os.getpid()}-dp{dp_rank}")
         self._write({"start": start.to_dict(), "t": time.time(), "dp_rank": dp_rank, "dp_size": dp_size})
+
+    @staticmethod
+    def _unused_path(directory: str, stem: str) -> str:
+        """<stem>.jsonl, or <stem>.2.jsonl, ... for a process's later loaders (the survivors path opens one at
+        every change of its members: each file is one loader, from its header's position on)."""
+        n = 1
+        while os.path.exists(path := os.path.join(directory, f"{stem}.jsonl" if n == 1 else f"{stem}.{n}.jsonl")):
+            n += 1
+        return path
 
     def record(self, position: DataPosition, ids: torch.Tensor) -> None:
         step = position.epoch * self.steps_per_epoch + position.offset // self.global_batch

@@ -7,6 +7,7 @@ fails in a second with exit code 2 and nothing written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -25,6 +26,7 @@ from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
 from raydl.models.spec import ModelSpec
 from raydl.overrides import dump_yaml
+from raydl.parallel import recovery
 from raydl.parallel.memory import ModelMemory
 from raydl.parallel.memory_probe import model_memory
 from raydl.parallel.mesh import Layout
@@ -66,6 +68,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
         chosen.check_blocks(info.meta)
     check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(built, chosen.spec, info.meta),
                  local=not cluster, launcher=launcher)
+    # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
+    path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
     resume_from = None
     if resume:
         from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
@@ -78,6 +82,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
            "model": model, "import_dir": chosen.import_dir}
+    if path:
+        job["recovery"] = dataclasses.asdict(path)
     return PreparedRun(cfg, run_dir, job)
 
 

@@ -40,6 +40,8 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
         # The bucket's endpoint and region, as the driver sees them (local Ray workers inherit the rest).
         **{k: os.environ[k] for k in storage.FORWARDED_ENV if k in os.environ},
     }
+    # torchft's Rust Lighthouse and Manager (the survivors path) log every step's quorum at INFO.
+    env["RUST_LOG"] = os.environ.get("RUST_LOG", "warn")
     # Train patches print() on workers to tee into its logger too: every raydl line would show twice.
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"
     if "ONEDNN_MAX_CPU_ISA" in os.environ:   # only when the user capped it: raydl never caps it by itself
@@ -162,6 +164,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     trainer = RaydlTrainer(
         run_worker,
         train_loop_config=run.job,
+        torch_config=survivors_backend(cfg) if run.job.get("recovery", {}).get("survivors") else None,
         scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if elastic else s.max_workers,
                                      use_gpu=gpu, resources_per_worker=resources,
                                      elastic_resize_monitor_interval_s=s.resize_check_s),
@@ -185,14 +188,27 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
 
 def start_state_holder(run: PreparedRun):
     """The run's state holder (restart from memory, docs/restart-from-memory.md) on this node, which outlives any
-    worker; none when it is off or when no failure is retried (a sweep trial: max_failures=0)."""
+    worker; none when it is off, when no failure is retried (a sweep trial: max_failures=0), or on the survivors
+    path (a dead worker's replacement copies a live peer: docs/recovery.md)."""
     from raydl.node_actor import start_on_this_node
     from raydl.train.state_holder import StateHolder
 
-    if not run.cfg.checkpoint.memory_every_steps or run.cfg.scaling.max_failures == 0:
+    if not run.cfg.checkpoint.memory_every_steps or run.cfg.scaling.max_failures == 0 or \
+            run.job.get("recovery", {}).get("survivors"):
         return None
     run.job["state_holder"] = f"raydl-state-{run.job['run_id']}"
     return start_on_this_node(StateHolder, run.job["state_holder"])
+
+
+def survivors_backend(cfg: JobConfig):
+    """Ray Train's torchft backend (raydl.driver.survivors_backend): one replica group per worker, so that Ray
+    replaces a dead worker alone while the others go on (raydl.train.survivors). The Lighthouse forms each
+    step's quorum; a worker silent for survivor_timeout_s is left out of the next one. min_replicas=1: the
+    survivors go on at any size."""
+    from raydl.driver.survivors_backend import RaydlTorchftConfig
+
+    return RaydlTorchftConfig(lighthouse_kwargs={"min_replicas": 1,
+                                                 "heartbeat_timeout_ms": int(cfg.scaling.survivor_timeout_s * 1000)})
 
 
 def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,

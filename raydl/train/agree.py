@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,10 +25,14 @@ class Agreed:
 
 
 def agree(losses: list[float], has_loss: bool, *, stop_signum: int, preempted: bool,
-          device: torch.device) -> Agreed:
+          device: torch.device, all_reduce: Callable[[torch.Tensor], None] | None = None) -> Agreed:
+    """`all_reduce`: an in-place sum over the ranks (the survivors path's, over the live replicas); default the
+    torch process group's."""
     flags = [float(has_loss), *(float(stop_signum == s) for s in STOP_SIGNALS), float(preempted)]
     t = torch.tensor([v if has_loss else 0.0 for v in losses] + flags, dtype=torch.float64, device=device)
-    if dist.is_initialized():
+    if all_reduce is not None:
+        all_reduce(t)
+    elif dist.is_initialized():
         dist.all_reduce(t)
     values = t.tolist()
     sums, count, seen, notices = values[:len(losses)], values[len(losses)], values[len(losses) + 1:-1], values[-1]

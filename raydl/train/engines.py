@@ -8,6 +8,7 @@ allocates only the tensors it keeps). The loop only talks to an `Engine`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Any, Callable, Iterable, Iterator, Protocol
@@ -176,11 +177,16 @@ def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, m
 
 
 def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
-                 init: MetaInit | None = None) -> Engine:
+                 init: MetaInit | None = None, *, survivors: bool = False) -> Engine:
     """`meta`: the dataset's, for the planner's example inputs under pp_degree=auto. `init`: the model is on
-    meta; each rank allocates and initializes only what it keeps, once the layout is applied."""
+    meta; each rank allocates and initializes only what it keeps, once the layout is applied. `survivors`: every
+    worker is a replica group of its own (raydl.train.survivors): no mesh and no torch wrapper; torchft's
+    Manager averages the gradients over the live workers."""
     layout = choose_layout(model, cfg, spec, session, meta, init)
-    mesh = build_mesh(layout, session.device.type) if session.world_size > 1 else None
+    if survivors:
+        layout = dataclasses.replace(layout, dp_wrapper="torchft", dp_wrapper_reason="gradients averaged over the "
+                                     "live workers by torchft's Manager, one all-reduce per step")
+    mesh = build_mesh(layout, session.device.type) if session.world_size > 1 and not survivors else None
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)
     engine = PipelineEngine if layout.pp > 1 else DataParallelEngine

@@ -33,6 +33,7 @@ from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
 from raydl.overrides import build_config
 from raydl.parallel.mesh import describe
+from raydl.parallel.recovery import RecoveryPath
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.profiler import StepProfiler, phase
 from raydl.telemetry import startup
@@ -48,6 +49,9 @@ from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
 from raydl.train.session import RaySession, TorchrunSession, in_ray
 from raydl.train.step import host_values, optimizer_step
+from raydl.train.survivors import Survivors
+
+NO_SURVIVORS = {"survivors": False, "why": "not started by raydl's Ray driver"}
 
 IMPORTS_DONE = time.time()   # a start-up mark: the worker's raydl and torch imports end here
 
@@ -62,6 +66,10 @@ class TrainerState:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "samples": self.samples, "position": self.position.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainerState":
+        return cls(d["step"], d["samples"], DataPosition(**d["position"]))
 
 
 def seed_step(seed: int, step: int, rank: int) -> None:
@@ -87,7 +95,7 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint, held: Gr
         scaler.load_state_dict(saved["scaler"])
     if session.rank == 0:
         session.announce(f"resumed from {path} at step {saved['step']}")
-    return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
+    return TrainerState.from_dict(saved)
 
 
 @dataclass
@@ -102,7 +110,7 @@ class Worker:
     engine: Any
     optimizer: torch.optim.Optimizer
     scaler: Any
-    loader: StepLoader
+    loader: StepLoader | None    # None on the survivors path: raydl.train.survivors plans the rows step by step
     clock: StepClock
     gpu: GpuMonitor
     fingerprint: dict[str, Any]
@@ -112,6 +120,12 @@ class Worker:
     keeper: MemoryKeeper | None = None   # restart from memory (checkpoint.memory_every_steps), under Ray
     marks: startup.Marks = dataclasses.field(default_factory=startup.Marks)   # this start's, up to its data
     memory: MemoryMarks = dataclasses.field(default_factory=MemoryMarks)   # debug.memory_dir's peaks
+    survivors: Survivors | None = None   # the survivors path (raydl.parallel.recovery): this replica's Manager
+
+    @property
+    def leads(self) -> bool:
+        """Whether this worker sends the run's step records: rank 0, or on the survivors path the first live one."""
+        return self.survivors.leads if self.survivors else self.session.rank == 0
 
     @property
     def dp_rank(self) -> int:
@@ -127,7 +141,8 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if session is None:
-        session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False)) if in_ray() else
+        session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False),
+                              survivors=job.get("recovery", NO_SURVIVORS)["survivors"]) if in_ray() else
                    TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
                                    cfg.telemetry.progress, events_dir(cfg, job), trackers.settings_for(cfg, job),
                                    storage_path=cfg.checkpoint.storage_path, run_id=job["run_id"]))
@@ -141,32 +156,54 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     memory.mark("start")
     model, init = build_for_worker(chosen, info.meta, cfg)   # on meta: allocated once laid out
     fingerprint = chosen.fingerprint(model)
-    engine = build_engine(model, cfg, spec, session, info.meta, init)
+    path = RecoveryPath(**job.get("recovery", NO_SURVIVORS))
+    engine = build_engine(model, cfg, spec, session, info.meta, init, survivors=path.survivors)
     marks.mark("model_built")
     layout = engine.layout
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, session.device)
     memory.mark("built", layout=engine.layout.to_dict(), coords=engine.layout.coords(session.rank))
-    holder, every_held = job.get("state_holder"), cfg.checkpoint.memory_every_steps
-    held = begin_group(holder, session.rank, layout.to_dict()) if holder and every_held else None
-    state = restore(session, job, engine, optimizer, scaler, fingerprint, held)
-    keeper = MemoryKeeper(held, rank=session.rank, layout=layout.to_dict(), every=every_held) if held else None
-    dp_rank = layout.coords(session.rank)[0]
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * epoch_steps(info, layout.global_batch)
-    loader = StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=layout.dp,
-                        seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=state.position,
-                        prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
-                        backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus,
-                        ledger=Ledger.from_config(cfg.debug), steps=max(0, total_steps - state.step))
+
+    def open_loader(position: DataPosition, dp_rank: int, dp_size: int, step: int) -> StepLoader:
+        return StepLoader(info, global_batch=layout.global_batch, dp_rank=dp_rank, dp_size=dp_size,
+                          seed=cfg.train.seed, shuffle=cfg.data.shuffle, position=position,
+                          prefetch=cfg.data.prefetch_batches, max_bad_shards=cfg.data.max_bad_shards,
+                          backend=cfg.data.backend, augment=cfg.data.augment, read_cpus=cfg.data.read_cpus,
+                          ledger=Ledger.from_config(cfg.debug), steps=max(0, total_steps - step))
+
+    survivors, loader, copied, keeper = None, None, None, None
+    if path.survivors:
+        survivors = Survivors(cfg, replica=session.rank, workers=session.world_size, engine=engine,
+                              optimizer=optimizer, scaler=scaler,
+                              make_loader=lambda position, members: open_loader(
+                                  position, members.rank, members.size, survivors.state["step"]))
+        copied = survivors.join(TrainerState().to_dict())   # a live peer's state, before any storage read
+    if copied:
+        state = TrainerState.from_dict(copied)
+    else:
+        holder, every_held = job.get("state_holder"), cfg.checkpoint.memory_every_steps   # none on the survivors path
+        held = begin_group(holder, session.rank, layout.to_dict()) if holder and every_held else None
+        state = restore(session, job, engine, optimizer, scaler, fingerprint, held)
+        keeper = MemoryKeeper(held, rank=session.rank, layout=layout.to_dict(), every=every_held) if held else None
+        if survivors:
+            survivors.start_at(state.to_dict())
+        else:
+            loader = open_loader(state.position, layout.coords(session.rank)[0], layout.dp, state.step)
     marks.mark("data_open")
     clock = StepClock(first_step=state.step + 1, peak_flops_total=peak_flops(session.device) * session.world_size,
                       units_per_sample=spec.units_per_sample(info.meta),
                       flops_per_sample=chosen.flops_per_sample(info.meta) or 0.0)   # 0 = unknown
     gpu = GpuMonitor(session.device.index if session.device.type == "cuda" and cfg.telemetry.nvml else None)
-    if session.rank == 0:
-        session.announce(describe(layout, start_step=state.step, num_params=fingerprint["params"]))
+    if session.rank == 0 and not copied:
+        session.announce(f"{describe(layout, start_step=state.step, num_params=fingerprint['params'])}; "
+                         f"{path.describe()}")
+    if copied:
+        session.announce(f"worker {session.rank} joined the others at step {state.step}: copied a live peer")
+        clock.first_step = -1   # not a worker-group start: the others never stopped
     return Worker(job, cfg, session, spec, info, engine, optimizer, scaler, loader, clock, gpu, fingerprint,
-                  total_steps, last_checkpoint_step=state.step, keeper=keeper, marks=marks, memory=memory), state
+                  total_steps, last_checkpoint_step=state.step, keeper=keeper, marks=marks, memory=memory,
+                  survivors=survivors), state
 
 
 def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
@@ -181,6 +218,8 @@ def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
     w.gpu.close()
     if w.keeper:
         w.keeper.close()
+    if w.survivors:
+        w.survivors.close()
     w.session.close()
     return dataclasses.asdict(final)
 
@@ -189,34 +228,46 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
     """The training loop: one optimizer step per global batch, reports and checkpoints at their intervals.
     Returns the state and the signal that stopped it early (0 = ran to the end)."""
     cfg, layout = w.cfg, w.engine.layout
-    batches, saved_on_notice = iter(w.loader), False
+    batches, saved_on_notice = iter(w.loader) if w.loader else None, False
     profiler = StepProfiler(cfg.telemetry.profile_steps, first_step=state.step + 1, last_step=w.total_steps,
                             run_dir=w.job["run_dir"], session=w.session, layout=layout)
     while state.step < w.total_steps:
         w.clock.begin()
         profiler.begin(state.step + 1)
         with phase("data_wait"):
-            batch = next(batches)
+            if w.survivors:   # the step's quorum first: who is alive decides which rows this replica takes
+                copied, batch = w.survivors.next_batch(state.to_dict())
+                state = TrainerState.from_dict(copied)
+            else:
+                batch = next(batches)
         seed_step(cfg.train.seed, state.step, w.session.rank)
         lr = lr_at(state.step, cfg.train, w.total_steps)
         set_lr(w.optimizer, lr)
         with phase("forward_backward"):
             stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
+        if w.survivors and (stats := w.survivors.average(stats)) is None:
+            continue   # a peer failed during the step: discarded, its rows taken again after the next quorum
         with phase("optimizer"):
             grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
         loss, grad_norm = host_values(stats.loss, grad_norm)   # the step's one CPU-GPU sync
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
         if w.keeper:
             w.keeper.after_step(state.to_dict(), w.engine.model, w.optimizer, w.scaler)
+        if w.survivors:
+            w.survivors.committed(state.to_dict())
         record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=loss, lr=lr,
-                                grad_norm=grad_norm, samples=layout.global_batch, world_size=w.session.world_size,
+                                grad_norm=grad_norm, samples=layout.global_batch,
+                                world_size=w.engine.layout.world_size if w.survivors else w.session.world_size,
                                 data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,
                                 gpu=w.gpu.read())
         profiler.end(state.step)
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
             t_eval = time.perf_counter()
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
-        checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps
+        # On the survivors path, checkpoints wait for the full group: Ray's report is a barrier of every worker,
+        # which a replacement still starting would not reach before the survivors' quorum times out.
+        checkpoint_due = (state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps) and \
+            (not w.survivors or w.survivors.members.size == w.session.world_size)
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
             t_report = time.perf_counter()
             agreed = report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, saved_on_notice=saved_on_notice)
@@ -232,15 +283,20 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
 
 def evaluate(w: Worker) -> dict[str, float]:
     layout, data = w.engine.layout, w.cfg.data
-    batches = eval_batches(w.info, batch=layout.micro_batch, dp_rank=w.dp_rank, dp_size=layout.dp,
+    # On the survivors path each replica evaluates on its own (its torch group is itself).
+    dp_rank, dp_size = (0, 1) if w.survivors else (w.dp_rank, layout.dp)
+    batches = eval_batches(w.info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=dp_size,
                            max_batches=w.cfg.train.eval_batches, max_bad_shards=data.max_bad_shards)
     return w.engine.evaluate(batches, precision=w.cfg.train.precision)
 
 
 def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
+    if w.survivors and w.session.rank != 0:
+        return   # replicas hold the same state: rank 0 writes the whole checkpoint (its torch group is itself)
     extra = {"model": w.fingerprint, "layout": w.engine.layout.to_dict(),
              "scaler": w.scaler.state_dict() if w.scaler else None,
-             "lr": lr_at(state.step, w.cfg.train, w.total_steps), "saved_by_ranks": w.session.world_size}
+             "lr": lr_at(state.step, w.cfg.train, w.total_steps),
+             "saved_by_ranks": 1 if w.survivors else w.session.world_size}
     ckpt.save(path, w.engine.model, w.optimizer, {**state.to_dict(), **extra}, rank=w.session.rank)
     w.last_checkpoint_step = state.step
 
@@ -254,9 +310,14 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
     if group_start:
         records[0].startup = startup.worker_group_marks(w.marks, records[0], w.session.device,
                                                         w.session.controller_start() if w.session.rank == 0 else None)
-    agreed = agree([r.loss for r in records], has_loss, stop_signum=w.session.stop_signal(w.job.get("stop_actor")),
-                   preempted=w.session.preemption_notice(), device=w.session.device)
-    for r, loss in zip(records, agreed.losses):
+    # On the survivors path each step's loss is already the mean over its replicas (its all-reduce), and a
+    # replica that joined since the last report holds fewer records: only the signals are agreed on.
+    losses = [r.loss for r in records]
+    agreed = agree([] if w.survivors else losses, has_loss,
+                   stop_signum=w.session.stop_signal(w.job.get("stop_actor")),
+                   preempted=w.session.preemption_notice(), device=w.session.device,
+                   all_reduce=w.survivors.all_reduce_sum if w.survivors else None)
+    for r, loss in zip(records, losses if w.survivors else agreed.losses):
         r.loss = loss
         if not math.isfinite(loss):   # every rank sees the same mean, so all ranks stop here together
             raise TrainingDivergedError(step=r.step, loss=loss, lr=r.lr, last_finite=w.last_finite_loss,
@@ -264,7 +325,8 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
                                    grad_clip=w.cfg.train.grad_clip, precision=w.cfg.train.precision)
         w.last_finite_loss = (r.step, loss)
     preempted = agreed.preempted and not saved_on_notice   # the notice's checkpoint: the group's last
-    message = WorkerReport(records=records if w.session.rank == 0 else [], layout=w.engine.layout.to_dict(),
+    w.session.leader = w.leads
+    message = WorkerReport(records=records if w.leads else [], layout=w.engine.layout.to_dict(),
                            total_steps=w.total_steps, step=state.step,
                            group_start=group_start, preempted=preempted,
                            device=torch.cuda.get_device_name(w.session.device) if w.session.device.type == "cuda"

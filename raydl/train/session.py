@@ -43,9 +43,10 @@ def pick_device(local_rank: int) -> torch.device:
 
 
 class RaySession:
-    def __init__(self, sink_name: str, *, tune_reports: bool = False):
+    def __init__(self, sink_name: str, *, tune_reports: bool = False, survivors: bool = False):
         """`sink_name`: the run's metrics sink actor. `tune_reports`: also send every report through Ray Train
-        (a multi-worker sweep trial: Tune sees a trial's progress only in its Train reports)."""
+        (a multi-worker sweep trial: Tune sees a trial's progress only in its Train reports). `survivors`: the
+        survivors path (raydl.train.survivors), where any worker may be the one that sends the records."""
         import ray
         import ray.train
 
@@ -60,9 +61,10 @@ class RaySession:
         self.local_rank = ctx.get_local_rank()
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
-        self.sink = ray.get_actor(sink_name) if self.rank == 0 else None
+        self.sink = ray.get_actor(sink_name) if self.rank == 0 or survivors else None
         route_worker_tracebacks(sink_name, self.rank)
-        self.tune_reports = tune_reports
+        self.leader = self.rank == 0        # sends the records (the loop moves it on the survivors path)
+        self.tune_reports, self.survivors = tune_reports, survivors
         self._stop_actor = None             # the driver's stop request, looked up at the first report
         self._stop_answer = None            # rank 0's question to it, in flight
 
@@ -150,9 +152,10 @@ class RaySession:
     def report(self, report: WorkerReport) -> None:
         """Records to the sink. Through Ray Train too for a sweep trial, and at a worker group's first report:
         Train's guard actors start there (raydl.driver.late_start), which a run that checkpoints every 100 steps
-        would otherwise leave unguarded until its first checkpoint."""
+        would otherwise leave unguarded until its first checkpoint. Not on the survivors path: Ray's report is a
+        barrier of every worker, which a worker replaced before it would never reach."""
         self._send(report)
-        if self.tune_reports or report.group_start:
+        if self.tune_reports or (report.group_start and not self.survivors):
             self._train.report(report.to_dict() if self.tune_reports else report.registered_metrics())
 
     def announce(self, line: str) -> None:
@@ -162,7 +165,7 @@ class RaySession:
     def _send(self, report: WorkerReport) -> None:
         """Rank 0's records to the sink, not waited for; the run's final report is, so summary.json is
         written before the train function returns."""
-        if self.sink is None:
+        if self.sink is None or not self.leader:
             return
         import ray
 

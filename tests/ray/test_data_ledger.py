@@ -17,7 +17,8 @@ import pytest
 
 from raydl.overrides import load_config
 from raydl.driver.ray_trainer import run_training
-from tests.helpers import attempts, committed_ids, epoch_ids, torchrun_worker
+from raydl.data.ledger_read import attempts, committed_ids, epoch_ids
+from tests.helpers import torchrun_worker
 from tests.unit.test_data_loader import make_dataset
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
 from raydl.bench.procs import kill
-from tests.helpers import attempts, committed_ids, epoch_ids, read_ledger
+from raydl.data.ledger_read import attempts, committed_ids, epoch_ids, read_ledger
 from tests.ray.fault_harness import checkpoints, ledger, ledger_run, open_files, preempted_checkpoints, reference_run
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,8 @@ def base(data_cache: Path) -> list[str]:
     return [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.global_batch_size={GB}",
             f"train.max_steps={STEPS}", f"checkpoint.every_steps={EVERY}", f"telemetry.report_every={EVERY}",
             "train.eval_batches=2", "telemetry.progress=false",
-            "checkpoint.memory_every_steps=0"]   # recovery from storage checkpoints (from memory: test_restart_from_memory.py)
+            "checkpoint.memory_every_steps=0",   # recovery from storage checkpoints (from memory: test_restart_from_memory.py)
+            "scaling.survivors=off"]   # the full-restart path; tests/ray/test_survivors.py tests the other
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from raydl.bench.fault_cluster import train_workers
 from raydl.bench.procs import kill
 from raydl.data.prepare import prepare
-from tests.helpers import committed_ids, epoch_ids
+from raydl.data.ledger_read import committed_ids, epoch_ids
 from tests.unit.test_data_loader import make_dataset
 from tests.unit.test_data_prepare import write_texts
 

@@ -1,0 +1,214 @@
+"""The survivors path of a data-parallel run under Ray: a worker that dies is replaced while the others keep
+training, through torchft 0.2.0 (pyproject's `ft` extra) and Ray Train's replica groups.
+
+The driver gives Ray Train a `TorchftConfig` (raydl.driver.ray_trainer): each worker is a replica group of its
+own (its torch process group has world size 1), Ray starts torchft's Lighthouse and, when a worker dies, starts
+a replacement in its place without stopping the others. Across the workers, a torchft `Manager` here runs one
+quorum per step and reconfigures a gloo (NCCL on GPU) process group when the members change. raydl keeps its
+own guarantees on top of torchft's:
+
+  * the quorum comes first, synchronously (use_async_quorum=False), so a step knows who trains it before it
+    takes rows: its rows (raydl.data.order, a pure function of the data position) are split over the live
+    replicas and each accumulates global / (micro x live) micro-batches: the global batch stays the same at
+    every size, and every row of the epoch is still taken once (torchft's DistributedSampler and its dynamic
+    world size do neither);
+  * one all-reduce per step averages the flattened gradients and the loss over the live replicas; a step whose
+    all-reduce failed (a peer died in it) is not committed: the survivors discard it and take its rows again
+    after the next quorum. No other step is redone;
+  * a replica behind the others (Ray's replacement) copies a live peer in its first quorum, over the same
+    process group (torchft's PGTransport): model, optimizer, grad scaler, and raydl's step and data position.
+    Storage is read only when no replica has trained yet (a start, or a restart of the whole group).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+
+import torch
+from raydl.config import JobConfig
+from raydl.data.order import DataPosition
+from raydl.parallel.mesh import Layout, batch_split
+from raydl.train.step import StepStats
+
+log = logging.getLogger(__name__)
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"   # Ray's _TorchftBackend sets it on every worker of a replica-group run
+TIMEOUT = timedelta(seconds=30)         # collectives, peer copy, quorum: generous for a loaded machine
+START_WAIT_S = 60.0                     # at a start, how long the first worker waits for the others
+TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits")   # INFO lines on every step
+
+
+def enabled() -> bool:
+    """True in a worker of a run the driver started on the survivors path."""
+    return bool(os.environ.get(LIGHTHOUSE_ENV))
+
+
+@dataclass(frozen=True)
+class Members:
+    rank: int    # this replica's place among the live ones
+    size: int    # live replicas this step
+
+
+class Survivors:
+    """One replica's side of the survivors path: its torchft Manager, the step's members, and its data plan.
+
+    `state`: what a peer copies besides the model and optimizer (raydl's step, samples, data position), as the
+    loop's TrainerState.to_dict(); `load_state`: takes a peer's. `make_loader(position, members)`: this
+    replica's rows of every step from `position`, split over `members`."""
+
+    def __init__(self, cfg: JobConfig, *, replica: int, workers: int, engine, optimizer: torch.optim.Optimizer,
+                 scaler, make_loader: Callable[[DataPosition, Members], Any]):
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        device = engine.device
+        if not log.isEnabledFor(logging.DEBUG):
+            for name in TORCHFT_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
+        self.workers = workers
+        self.cfg, self.engine, self.model, self.optimizer, self.scaler = cfg, engine, engine.model, optimizer, scaler
+        self.make_loader = make_loader
+        self.pg = ProcessGroupNCCL(timeout=TIMEOUT) if device.type == "cuda" else ProcessGroupGloo(timeout=TIMEOUT)
+        self.state: dict[str, Any] = {}
+        self.healed: dict[str, Any] | None = None
+        self.members: Members | None = None
+        self._joined = False
+        self._planned: tuple[Members, DataPosition] | None = None   # what the current loader serves next
+        self._batches: Iterator | None = None
+        self.manager = Manager(
+            pg=self.pg, load_state_dict=self._load, state_dict=self._state_dict, min_replica_size=1,
+            use_async_quorum=False,   # heal and learn the members before the step takes its rows
+            init_sync=False,          # every replica builds the same initial weights from train.seed
+            world_size=1, rank=0, replica_id=replica_id(replica), timeout=TIMEOUT, quorum_timeout=TIMEOUT,
+            checkpoint_transport=PGTransport(self.pg, timeout=TIMEOUT, device=device))
+
+    # -- what a peer sends and a newcomer loads (torchft calls these from its quorum)
+    def _state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None, "trainer": self.state}
+
+    def _load(self, sent: dict[str, Any]) -> None:
+        self.model.load_state_dict(sent["model"])
+        self.optimizer.load_state_dict(sent["optim"])
+        if self.scaler and sent["scaler"]:
+            self.scaler.load_state_dict(sent["scaler"])
+        self.state = self.healed = sent["trainer"]
+
+    # -- the loop's calls
+    def join(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The first quorum, before anything is read from storage: a peer's state if one had trained further
+        (this worker copied it), else None (every replica loads the run's checkpoint, see `start_at`). When no
+        worker has trained yet (a start, or a restart of the whole group), wait for all of them to join first,
+        up to START_WAIT_S: the first would otherwise train alone until the others have built their models."""
+        deadline = time.monotonic() + START_WAIT_S
+        self._quorum(state)
+        while self.healed is None and self.members.size < self.workers and time.monotonic() < deadline:
+            time.sleep(0.1)   # polling the Lighthouse for the others, bounded by the deadline
+            self._quorum(state)
+        self._joined = True   # this quorum is also the first step's: the others are already in its all-reduce
+        return self._take_healed()
+
+    def start_at(self, state: dict[str, Any]) -> None:
+        """The step this replica resumes at from storage: its quorum step from now on."""
+        self.state = state
+        self.manager.load_state_dict({"step": state["step"], "batches_committed": 0})
+
+    def next_batch(self, state: dict[str, Any]):
+        """The step's quorum, then this replica's rows of it: (the state to go on from, which is a peer's if this
+        replica just copied one, and the batch). A change of members or position re-plans the rows."""
+        if self._joined:
+            self._joined = False
+        else:
+            self._quorum(state)
+        state = self._take_healed() or self.state
+        position = DataPosition(**state["position"])
+        if self._planned != (self.members, position):
+            self._replan(position)
+        batch = next(self._batches)
+        self._planned = (self.members, batch.position)
+        return state, batch
+
+    def average(self, stats: StepStats) -> StepStats | None:
+        """Mean gradients and loss over the live replicas, in one all-reduce. None: the step is discarded
+        (a peer failed during it); its rows are taken again after the next quorum."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([*(p.grad.reshape(-1) for p in params),
+                          torch.as_tensor(stats.loss, dtype=params[0].grad.dtype, device=params[0].device).reshape(1)])
+        self.manager.allreduce(flat).wait()
+        if not self.manager.should_commit():
+            self._planned = None
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
+            p.grad.copy_(g.view_as(p.grad))
+        return replace(stats, loss=flat[-1])
+
+    def committed(self, state: dict[str, Any]) -> None:
+        """The step is done: `state` is what a newcomer copies from now on."""
+        self.state = state
+
+    def all_reduce_sum(self, t: torch.Tensor) -> None:
+        """Sum over the live replicas (raydl.train.agree's one collective at a report); a peer lost during it
+        leaves this replica's own values (the next quorum goes on without it)."""
+        local = t.clone()
+        self.manager.allreduce(t, reduce_op=_sum_op()).wait()
+        if self.manager.errored():
+            t.copy_(local)
+
+    @property
+    def leads(self) -> bool:
+        """The first live replica sends the run's step records (any worker may be the one that died)."""
+        return self.members is not None and self.members.rank == 0
+
+    def layout(self, live: int) -> Layout:
+        """The engine's layout at `live` replicas: the same global batch, split over them (raydl.parallel.recovery
+        checked that it splits exactly at every size)."""
+        micro, m = batch_split(global_batch=self.cfg.train.global_batch_size,
+                               micro_batch=self.cfg.train.micro_batch_size, dp=live, strict=True)
+        return replace(self.engine.layout, world_size=live, dp=live, micro_batch=micro, num_microbatches=m)
+
+    def close(self) -> None:
+        if self._batches is not None:
+            self._batches.close()
+        self.manager.shutdown(wait=False)
+
+    # -- inside
+    def _quorum(self, state: dict[str, Any]) -> None:
+        self.state = state
+        self.manager.start_quorum()   # synchronous: reconfigures the group and copies a peer if behind
+        rank, size = self.manager.participating_rank(), self.manager.num_participants()
+        self.members = Members(rank, size)
+
+    def _take_healed(self) -> dict[str, Any] | None:
+        healed, self.healed = self.healed, None
+        if healed is not None:
+            log.info(f"copied a live peer at step {healed['step']}")
+        return healed
+
+    def _replan(self, position: DataPosition) -> None:
+        if self._batches is not None:
+            self._batches.close()     # stops its read-ahead thread
+        self.engine.layout = self.layout(self.members.size)
+        self._batches = iter(self.make_loader(position, self.members))
+
+
+def replica_id(rank: int) -> str:
+    """The Lighthouse ranks a quorum's members by id: starting with the start time, the longest-lived replica
+    is the first, which sends the step records (`leads`). A newcomer leading would drop the steps the others
+    trained since their last report; the ones a dead leader had not reported are the next leader's to send.
+    torchft reads the worker's rank from the id's trailing digits."""
+    return f"raydl_{time.time_ns():020d}_{rank}"
+
+
+def _sum_op():
+    from torch.distributed import ReduceOp
+
+    return ReduceOp.SUM

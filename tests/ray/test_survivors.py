@@ -1,0 +1,66 @@
+"""The survivors path (issue 25): a data-parallel run whose worker is SIGKILLed goes on in the other worker's
+process, at 1 worker with twice the accumulation, until Ray's replacement joins and copies it; the step in
+flight is the only one redone, and every sample is still taken exactly once per epoch.
+
+On a multi-node Ray cluster on this machine (tests/ray/fault_harness.py): a 1-CPU head and one 1-CPU node, the
+default tiny GPT on the built-in task (3840 train rows = 60 steps of 64 per epoch), the fault from outside.
+
+    RAY_TMPDIR=/tmp/ray-$USER pytest tests/ray/test_survivors.py -s
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from raydl.bench.fault_cluster import FaultCluster, train_workers
+from raydl.bench.procs import kill
+from raydl.data.dataset import resolve_path
+from raydl.models.choice import choose_model
+from raydl.overrides import load_config
+from raydl.data.ledger_read import committed_ids, epoch_ids, steps_redone
+from tests.ray.fault_harness import ledger, ledger_run
+
+pytest.importorskip("torchft")
+pytestmark = pytest.mark.slow
+
+STEPS, EVERY = 240, 100   # 4 epochs; a full restart would redo up to 99 steps
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = FaultCluster()
+    yield c
+    c.shutdown()
+
+
+def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, data_cache, tmp_path):
+    cluster.resize(1)
+    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={STEPS}",
+                 f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
+                 "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2"]
+    run = ledger_run(tmp_path, overrides, cluster.address).start()
+    try:
+        run.wait_step(30, deadline_s=300)
+        victim, survivor = run.workers(2)[::-1]
+        assert kill(victim)
+        t_kill, at = time.monotonic(), run.step()
+        # The survivor trains on alone: a step past the kill while the replacement is still starting.
+        run.wait_for("a step by the survivor", lambda: run.step() > at + 3, 60)
+        stall = time.monotonic() - t_kill
+        replaced = run.wait_for("the replacement worker", lambda: len(w := train_workers()) == 2 and w, 120)
+        assert survivor in replaced and victim not in replaced, (survivor, victim, replaced)
+        summary = run.finish(deadline_s=600)
+    finally:
+        run.stop()
+    print(f"[survivors] kill at step {at}: a reported step past it {stall:.1f} s later")
+    assert summary["steps"] == STEPS and summary["restarts"] == [], summary["restarts"]
+    assert sorted({r["world_size"] for r in run.records()}) == [1, 2]   # smaller for a while, then whole again
+    assert steps_redone(ledger(run)) <= 1
+    cfg = load_config(None, overrides)
+    ids, every = committed_ids(ledger(run)), epoch_ids(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)))
+    assert sorted(ids) == [0, 1, 2, 3]
+    for epoch, taken in ids.items():
+        assert sorted(taken) == every, f"epoch {epoch}: {len(taken)} ids taken, {len(set(taken))} distinct"
