@@ -112,3 +112,20 @@ def test_a_file_that_is_not_safetensors_is_refused(saved):
     folder, _ = saved
     next(folder.glob("model-*.safetensors")).write_bytes(b"\xff" * 64)
     _refused(folder, r"model\.options\.weights.*is not a readable safetensors file")
+
+
+def test_train_with_a_weights_dir_missing_a_shard_exits_2_before_anything_is_written(tmp_path, capsys):
+    from examples.random_llama import write_tokens, write_weights
+    from raydl.cli import main
+
+    write_weights(tmp_path / "llama")
+    assert main(["data", "prepare", str(write_tokens(tmp_path / "src", 512)), "--from", "parquet", "--out",
+                 str(tmp_path / "data"), "--quiet"]) == 0
+    (tmp_path / "llama" / "model-00003-of-00006.safetensors").unlink()
+    sets = ["model.name=hf", f"model.options.weights={tmp_path / 'llama'}", f"data.path={tmp_path / 'data'}",
+            f"run.runs_dir={tmp_path / 'runs'}", "parallel.pp_degree=2"]
+    capsys.readouterr()
+    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 2
+    err = capsys.readouterr().err
+    assert "model.options.weights" in err and "misses 1 of the 6 shard files its model.safetensors.index.json names: model-00003" in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
