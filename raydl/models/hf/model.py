@@ -39,11 +39,9 @@ class HfBlocks(BlockModel):
     def __init__(self, causal_lm: nn.Module, *, tied: bool, weights: WeightsIndex | None):
         super().__init__(block_modules(causal_lm))
         self._causal_lm = [causal_lm]   # in a list: not a submodule (the blocks hold its modules under raydl names)
-        embeddings = causal_lm.get_input_embeddings()
-        self.init_like = {causal_lm.lm_head: embeddings} if tied else {}
-        aliases = {"lm_head.weight": _name_of(causal_lm, embeddings) + ".weight"} if tied else {}
+        self.init_like = {causal_lm.lm_head: causal_lm.get_input_embeddings()} if tied else {}
         hf_names = {module: name for name, module in causal_lm.named_modules()}
-        self.weights = SafetensorsSource(weights, hf_names, aliases) if weights else None
+        self.weights = SafetensorsSource(weights, hf_names, _head_alias(causal_lm, tied)) if weights else None
         # GPT-2 scales the residual projections' init by depth in its attention and MLP modules' _init_weights.
         self._init_by_parent = {m.c_proj: m for m in causal_lm.modules() if type(m).__name__ in ("GPT2Attention",
                                                                                                 "GPT2MLP")}
@@ -58,8 +56,7 @@ class HfBlocks(BlockModel):
         _untie_head(causal_lm)
         weights = None
         if options.weights:   # headers only: a missing shard or tensor is refused before anything is read
-            aliases = {"lm_head.weight": _name_of(causal_lm, causal_lm.get_input_embeddings()) + ".weight"}
-            weights = check_weights(options.weights, expected_tensors(causal_lm), aliases if tied else {})
+            weights = check_weights(options.weights, expected_tensors(causal_lm), _head_alias(causal_lm, tied))
         blocks = cls(causal_lm.train(), tied=tied, weights=weights)
         if blocks.weights is not None and not _shapes_only():   # a whole build (export, tests): read it all
             for module in causal_lm.modules():
@@ -84,8 +81,12 @@ class HfBlocks(BlockModel):
             module.weight[like.padding_idx] = 0   # as the embedding's init zeroes its padding row
 
 
-def _name_of(model: nn.Module, module: nn.Module) -> str:
-    return next(name for name, m in model.named_modules() if m is module)
+def _head_alias(causal_lm: nn.Module, tied: bool) -> dict[str, str]:
+    """A tied checkpoint holds no lm_head.weight: the head is read from the input embeddings' tensor."""
+    if not tied:
+        return {}
+    embeddings = causal_lm.get_input_embeddings()
+    return {"lm_head.weight": next(f"{name}.weight" for name, m in causal_lm.named_modules() if m is embeddings)}
 
 
 def _shapes_only() -> bool:
