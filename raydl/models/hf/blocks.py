@@ -18,9 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from raydl.models.blocks import BlockModel
 
-__all__ = ["as_blocks", "block_modules"]
+__all__ = ["block_modules"]
 
 
 def _positions(hidden: torch.Tensor) -> torch.Tensor:
@@ -86,12 +85,8 @@ class Head(nn.Module):
         return self.lm_head(self.norm(hidden))   # (B, S, vocab)
 
 
-def as_blocks(model: nn.Module) -> BlockModel:
-    """The blocks of a Llama/Qwen2/Mistral- or GPT-2-shaped `*ForCausalLM` (see the module docstring)."""
-    return BlockModel(block_modules(model))
-
-
 def block_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The blocks of a Llama/Qwen2/Mistral- or GPT-2-shaped `*ForCausalLM` (see the module docstring), by name."""
     body, config = model.base_model, model.config
     if hasattr(body, "wte"):
         embed: nn.Module = LearnedPositionEmbedding(body.wte, body.wpe, body.drop)
