@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 __all__ = ["block_modules"]
 
 
