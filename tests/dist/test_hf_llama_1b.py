@@ -112,7 +112,7 @@ def test_llama_3_2_1b_dimensions_train_at_dp2_and_pp2_resume_across_and_export(t
     assert main(["data", "prepare", str(write_tokens(tmp_path / "src", SIZE["vocab_size"])), "--from", "parquet",
                  "--out", str(tmp_path / "data"), "--quiet"]) == 0
     base = ["model.name=hf", f"model.options.weights={tmp_path / 'llama'}", f"data.path={tmp_path / 'data'}",
-            "train.optimizer=sgd", "train.momentum=0", "train.lr=0.001", "train.warmup_steps=0",
+            "train.optimizer=sgd", "train.momentum=0", "train.lr=0.01", "train.warmup_steps=0",
             "train.lr_schedule=constant", "train.global_batch_size=2", "train.micro_batch_size=1",
             f"train.max_steps={STEPS}", "train.eval_batches=1", "checkpoint.every_steps=4", "checkpoint.keep=2",
             "telemetry.report_every=1", "telemetry.progress=false", "scaling.min_workers=2"]
