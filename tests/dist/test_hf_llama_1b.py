@@ -5,9 +5,10 @@ and the run exports to a directory that transformers' from_pretrained loads. No 
 but that last check (and it runs in a subprocess of its own).
 
 Each worker's peak RSS (after building and loading, and over the whole run) and the time to its first step are
-written to measurements.json and printed. Needs ~21 GiB of free memory: at dp=2 FSDP each worker peaks at ~9.8 GiB
-in fp32 (its half of the parameters and gradients, 5.6 GiB, plus the 1 GiB head's all-gathered weight and its
-unsharded gradient, each with a gloo copy); skipped on a smaller machine. On a shared one run it alone
+written to measurements.json and printed. Needs ~21 GiB of free memory: at dp=2 FSDP in fp32 a worker held
+9.4 GiB when the OOM killer stopped it on a busy 23 GiB machine (its half of the parameters and gradients,
+5.6 GiB, plus the 1 GiB head's all-gathered weight and unsharded gradient, each with a gloo copy); skipped on
+a smaller machine. On a shared one run it alone
 (`flock /tmp/raydl-bigmem.lock pytest ...`); its workers ask the OOM killer to take them first."""
 
 from __future__ import annotations
