@@ -9,6 +9,8 @@ bits (on one device type: CPU and CUDA generators differ).
 
 A sharded parameter is initialized whole, one module at a time, and keeps its own rows: a rank holds at
 most one module's full tensors beyond its share, and the rows equal those a dp=1 run would draw.
+With a `source` (weights to start from, e.g. Hugging Face safetensors), a module whose tensors it holds is
+read from it instead, each rank reading only its own rows; the rest (non-persistent buffers) is initialized.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import hashlib
 from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-__all__ = ["MetaInit", "module_names", "init_problem"]
+__all__ = ["MetaInit", "TensorSource", "module_names", "init_problem"]
 
 _SLOTS = ("_parameters", "_buffers")
 
@@ -46,13 +49,21 @@ def init_problem(model: nn.Module, init_weights: Callable | None) -> str:
     return ""
 
 
+class TensorSource(Protocol):
+    def fill(self, module: nn.Module) -> bool:
+        """Set this rank's part of every tensor `module` owns directly (allocated already); False: it holds
+        none of them, and nothing was set."""
+
+
 @dataclass(frozen=True)
 class MetaInit:
-    """Materializes a meta module on a device with values that depend only on (seed, module name)."""
+    """Materializes a meta module on a device with values that depend only on (seed, module name), or on what
+    `source` holds under that module."""
 
     seed: int
     names: dict[nn.Module, str]
     init_weights: Callable[[nn.Module], None] | None = None
+    source: TensorSource | None = None
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, device: torch.device) -> None:
@@ -63,7 +74,8 @@ class MetaInit:
             t.fill_(float("nan"))
         for module in model.modules():
             if module in self.names and any(t is not None for _, t in _direct(module)):
-                self._init(module, device)
+                if self.source is None or not self.source.fill(module):
+                    self._init(module, device)
         _check_all_set(model, self.names)
 
     def real_copy(self, module: nn.Module, device: torch.device) -> nn.Module:

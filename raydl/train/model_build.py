@@ -3,6 +3,10 @@
 On meta, nothing is allocated until the engine has applied the layout and calls the returned `MetaInit`
 on what this rank keeps (raydl.parallel.materialize). The fallback builds the whole model with real
 values under train.seed on every rank, and the engine moves it to the device.
+
+A built model may carry what its materialization needs beyond the spec (raydl.models.hf.model.HfBlocks):
+`init_module(module)` (the spec's init_weights, when it has none), `init_like` ({module: module whose seed
+it shares}: a head that starts as a copy of the embeddings) and `weights` (a TensorSource to read from).
 """
 
 from __future__ import annotations
@@ -31,11 +35,22 @@ def build_for_worker(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) 
     `raydl bench memory`'s "before")."""
     model, why = (None, "debug.whole_model_build is set") if cfg.debug.whole_model_build else _try_meta(chosen, meta, cfg)
     if model is not None:
-        return model, MetaInit(cfg.train.seed, module_names(model), chosen.spec.init_weights)
+        return model, MetaInit(cfg.train.seed, _seed_names(model), _init_weights(chosen, model),
+                               getattr(model, "weights", None))
     if not dist.is_initialized() or dist.get_rank() == 0:   # one line per run, not one per worker
         log.warning(f"model '{chosen.spec.name}' is built whole on every worker, not on meta: {why}")
     torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank
     return chosen.build(meta, pp_degree=cfg.parallel.pp_degree), None
+
+
+def _init_weights(chosen: ModelChoice, model: nn.Module):
+    return chosen.spec.init_weights or getattr(model, "init_module", None)
+
+
+def _seed_names(model: nn.Module) -> dict[nn.Module, str]:
+    names = module_names(model)
+    names.update({module: names[like] for module, like in getattr(model, "init_like", {}).items()})
+    return names
 
 
 def _try_meta(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) -> tuple[BlockModel | None, str]:
@@ -46,7 +61,7 @@ def _try_meta(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) -> tupl
         raise
     except Exception as e:   # the user's build needs real tensors (it reads or copies values)
         return None, f"its build raised {type(e).__name__} on the meta device: {' '.join(str(e).split())[:200]}"
-    why = init_problem(model, chosen.spec.init_weights) or _not_on_meta(model)
+    why = init_problem(model, _init_weights(chosen, model)) or _not_on_meta(model)
     return (None, why) if why else (model, "")
 
 

@@ -30,12 +30,12 @@ PIPELINES = {"pp2": ("parallel.pp_degree=2", "parallel.schedule=1f1b"),
 LAYOUTS = {**PIPELINES, **{f"dp2-{w}": (f"parallel.dp_wrapper={w}",) for w in DP_WRAPPERS if w != "auto"}}
 
 
-def _build(sets: tuple[str, ...], rank: int, world_size: int, watch=None):
+def _build(sets: tuple[str, ...], rank: int, world_size: int, watch=None, *, common=COMMON, meta=META):
     """(engine, the model's blocks as built on meta); `watch(module)` runs after each materialization."""
-    cfg = load_config(None, [*COMMON, *sets])
+    cfg = load_config(None, [*common, *sets])
     chosen = choose_model(cfg.model)
-    model, init = build_for_worker(chosen, META, cfg)
-    assert init is not None, "tiny gpt must build on meta"
+    model, init = build_for_worker(chosen, meta, cfg)
+    assert init is not None, f"{cfg.model.name} must build on meta"
     built = dict(model.blocks)
 
     class Watched(MetaInit):
@@ -45,7 +45,8 @@ def _build(sets: tuple[str, ...], rank: int, world_size: int, watch=None):
                 watch(built)
 
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    engine = build_engine(model, cfg, chosen.spec, session, META, Watched(init.seed, init.names, init.init_weights))
+    engine = build_engine(model, cfg, chosen.spec, session, meta,
+                          Watched(init.seed, init.names, init.init_weights, init.source))
     return engine, built
 
 

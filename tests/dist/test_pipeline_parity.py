@@ -46,7 +46,7 @@ def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mes
     chosen = choose_model(cfg.model)
     spec = chosen.spec
     meta = {"vocab_size": VOCAB, "seq_len": SEQ}
-    model, init = build_for_worker(chosen, meta, cfg)   # as workers build (Hugging Face models fall back, whole)
+    model, init = build_for_worker(chosen, meta, cfg)   # as workers build: on meta
     reference, reference_init = build_for_worker(chosen, meta, cfg)  # the same initial values, unsplit
     if reference_init is not None:
         reference_init(reference, torch.device("cpu"))

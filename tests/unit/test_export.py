@@ -66,6 +66,33 @@ def test_hf_export_loads_in_transformers_with_raydl_logits(tmp_path, data_sets):
     assert not list(tmp_path.glob(".hf.partial-*"))
 
 
+def test_a_large_model_streams_into_shards_checked_from_their_headers(tmp_path, data_sets, monkeypatch):
+    """Shrunk limits stand for a large model: one shard in memory at a time, no whole model to compare logits."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from raydl.export import hf as hf_export, hf_shards
+
+    monkeypatch.setattr(hf_shards, "MAX_SHARD_BYTES", 8 * 2**10)
+    monkeypatch.setattr(hf_export, "CHECK_BYTES", 0)
+    monkeypatch.setattr(hf_export.HfExport, "_check_logits", None)   # must not be called
+    model, meta = save_run(tmp_path / "run", LLAMA + data_sets)
+    assert main(["export", str(tmp_path / "run"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 3 and index["metadata"]["total_size"] == sum(4 * p.numel() for p in model.parameters())
+    for name in files:
+        with safe_open(str(tmp_path / "hf" / name), framework="pt") as f:
+            # one shard's bytes are about the limit, or one larger tensor alone
+            keys = list(f.keys())
+            assert len(keys) == 1 or sum(f.get_tensor(k).numel() * 4
+                                         for k in keys) <= 8 * 2**10
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
+    ids = token_batch(meta)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids), rtol=0, atol=1e-5)
+
+
 def test_gpt2_exports_untied_and_keeps_both_trained_matrices(tmp_path, data_sets):
     from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,10 @@
 - config.py: options + dataset meta -> a transformers config, from local files only
 - blocks.py: the model cut into blocks embed, h0.., head, so FSDP2, every pipeline schedule, the
   planner, activation checkpointing and layout-agnostic checkpoints apply as to raydl's own gpt
-- model.py: the ModelSpec (`raydl.models.hf.model.spec`)
+- model.py: the ModelSpec (`raydl.models.hf.model.spec`) and `HfBlocks`, what a worker needs to build the
+  model on meta and materialize only its own part (transformers' init per module, or the weights)
+- weights.py: model.options.weights, headers checked before any worker starts, read per rank by slice
+  (docs/large-models.md)
 
 Tied embeddings (GPT-2, and any config with tie_word_embeddings): raydl trains the head as its
 own parameter, starting as a copy of the input embeddings. In a pipeline the two sit on different

@@ -18,9 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from raydl.models.blocks import BlockModel
-
-__all__ = ["as_blocks"]
+__all__ = ["block_modules"]
 
 
 def _positions(hidden: torch.Tensor) -> torch.Tensor:
@@ -86,8 +84,8 @@ class Head(nn.Module):
         return self.lm_head(self.norm(hidden))   # (B, S, vocab)
 
 
-def as_blocks(model: nn.Module) -> BlockModel:
-    """The blocks of a Llama/Qwen2/Mistral- or GPT-2-shaped `*ForCausalLM` (see the module docstring)."""
+def block_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The blocks of a Llama/Qwen2/Mistral- or GPT-2-shaped `*ForCausalLM` (see the module docstring), by name."""
     body, config = model.base_model, model.config
     if hasattr(body, "wte"):
         embed: nn.Module = LearnedPositionEmbedding(body.wte, body.wpe, body.drop)
@@ -100,4 +98,4 @@ def as_blocks(model: nn.Module) -> BlockModel:
         # Its own rotary module (a few hundred bytes of non-persistent buffer): a stage may hold any layers.
         blocks[f"h{i}"] = DecoderLayer(layer, rotary_type(config=config) if rotary_type else None, config, i)
     blocks["head"] = Head(norm, model.lm_head)
-    return BlockModel(blocks)
+    return blocks

@@ -37,10 +37,6 @@ def transformers_module():
     return transformers
 
 
-def model_class(family: str):
-    return getattr(transformers_module(), CLASSES[family][1])
-
-
 def _init_params(family: str) -> dict[str, inspect.Parameter]:
     config_class = getattr(transformers_module(), CLASSES[family][0])
     params = inspect.signature(config_class.__init__).parameters

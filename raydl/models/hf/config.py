@@ -101,22 +101,3 @@ def _check_dataset_agrees(config, meta: dict[str, Any], source_field: str | None
                           f"{meta['seq_len']} tokens", "prepare the dataset with a shorter --seq-len, or allow more "
                           "positions")
 
-
-def weight_files(directory: str) -> None:
-    """Refuse a weights directory without safetensors, or whose index names files outside it."""
-    folder = Path(directory)
-    index = folder / "model.safetensors.index.json"
-    if not (folder / "model.safetensors").is_file() and not index.is_file():
-        raise ConfigError("model.options.weights", f"'{folder}' holds no model.safetensors (or its sharded index); "
-                          "raydl loads only safetensors, never pickled .bin files",
-                          "save the model with save_pretrained (safetensors is its default)")
-    if index.is_file():
-        try:
-            names = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError("model.options.weights", f"has an unreadable {index.name} ({e})",
-                              "re-save the model with save_pretrained") from None
-        outside = sorted(n for n in names if not isinstance(n, str) or Path(n).name != n or not (folder / n).is_file())
-        if outside:
-            raise ConfigError("model.options.weights", f"{index.name} names {outside[:3]}, which are not files of "
-                              f"'{folder}'", "re-save the model with save_pretrained")

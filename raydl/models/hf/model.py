@@ -10,34 +10,87 @@ from torch import nn
 
 from raydl.models import gpt
 from raydl.models.blocks import BlockModel
-from raydl.models.hf.classes import model_class
-from raydl.models.hf.config import hf_config, weight_files
+from raydl.models.hf.blocks import block_modules
+from raydl.models.hf.config import hf_config
 from raydl.models.hf.options import HfOptions
+from raydl.models.hf.weights import SafetensorsSource, WeightsIndex, check_weights, expected_tensors
 from raydl.models.spec import ModelSpec
 
-__all__ = ["HfOptions", "build", "build_causal_lm", "spec"]
+__all__ = ["HfBlocks", "HfOptions", "build", "build_causal_lm", "spec"]
 
 
 def build_causal_lm(options: HfOptions, meta: dict[str, Any]) -> nn.Module:
-    """The transformers `*ForCausalLM`, in train mode, fp32, head untied from the embeddings."""
-    model = _load_or_init(options, hf_config(options, meta))
-    _untie_head(model)
-    return model.train()
+    """The transformers `*ForCausalLM`, in train mode, fp32, head untied from the embeddings; built on the
+    current default device (on meta: shapes only), holding model.options.weights when it is real."""
+    return HfBlocks.build(options, meta).causal_lm
 
 
-def _load_or_init(options: HfOptions, config) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+class HfBlocks(BlockModel):
+    """raydl's blocks of a transformers model (`raydl.models.hf.blocks`), and what a worker that built them on
+    meta needs to materialize only its own part (read by `raydl.train.model_build`):
 
-    if options.weights and not _shapes_only():
-        weight_files(options.weights)
-        return model_class(config.model_type).from_pretrained(
-            options.weights, config=config, local_files_only=True, use_safetensors=True, dtype=torch.float32,
-            attn_implementation=options.attention)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=options.attention)
+    - init_module(module): transformers' own `_init_weights` for one module (normal(0, initializer_range) for
+      linears and embeddings, ones for norms, rotary inv_freq recomputed from the config)
+    - init_like: {the untied head: the input embeddings} when the config ties them, so the head is drawn with
+      the embeddings' seed and starts as their copy without any rank holding both
+    - weights: model.options.weights, read per module by Hugging Face name (None: random init)
+    """
+
+    def __init__(self, causal_lm: nn.Module, *, tied: bool, weights: WeightsIndex | None):
+        super().__init__(block_modules(causal_lm))
+        self._causal_lm = [causal_lm]   # in a list: not a submodule (the blocks hold its modules under raydl names)
+        self.init_like = {causal_lm.lm_head: causal_lm.get_input_embeddings()} if tied else {}
+        hf_names = {module: name for name, module in causal_lm.named_modules()}
+        self.weights = SafetensorsSource(weights, hf_names, _head_alias(causal_lm, tied)) if weights else None
+        # GPT-2 scales the residual projections' init by depth in its attention and MLP modules' _init_weights.
+        self._init_by_parent = {m.c_proj: m for m in causal_lm.modules() if type(m).__name__ in ("GPT2Attention",
+                                                                                                "GPT2MLP")}
+
+    @classmethod
+    def build(cls, options: HfOptions, meta: dict[str, Any]) -> HfBlocks:
+        from transformers import AutoModelForCausalLM
+
+        config = hf_config(options, meta)
+        tied = bool(config.tie_word_embeddings)
+        causal_lm = AutoModelForCausalLM.from_config(config, attn_implementation=options.attention)
+        _untie_head(causal_lm)
+        weights = None
+        if options.weights:   # headers only: a missing shard or tensor is refused before anything is read
+            weights = check_weights(options.weights, expected_tensors(causal_lm), _head_alias(causal_lm, tied))
+        blocks = cls(causal_lm.train(), tied=tied, weights=weights)
+        if blocks.weights is not None and not _shapes_only():   # a whole build (export, tests): read it all
+            for module in causal_lm.modules():
+                blocks.weights.fill(module)
+        return blocks
+
+    @property
+    def causal_lm(self) -> nn.Module:
+        return self._causal_lm[0]
+
+    @torch.no_grad()
+    def init_module(self, module: nn.Module) -> None:
+        # Back to this module's own seed (MetaInit seeded it), whatever reset_parameters drew first: a head
+        # drawn like its embeddings then gets their very values.
+        torch.manual_seed(torch.initial_seed())
+        causal_lm = self.causal_lm
+        causal_lm._init_weights(module)
+        if module in self._init_by_parent:
+            causal_lm._init_weights(self._init_by_parent[module])
+        like = self.init_like.get(module)
+        if like is not None and like.padding_idx is not None:
+            module.weight[like.padding_idx] = 0   # as the embedding's init zeroes its padding row
+
+
+def _head_alias(causal_lm: nn.Module, tied: bool) -> dict[str, str]:
+    """A tied checkpoint holds no lm_head.weight: the head is read from the input embeddings' tensor."""
+    if not tied:
+        return {}
+    embeddings = causal_lm.get_input_embeddings()
+    return {"lm_head.weight": next(f"{name}.weight" for name, m in causal_lm.named_modules() if m is embeddings)}
 
 
 def _shapes_only() -> bool:
-    """Under `with torch.device("meta")` (the driver counting parameters): no weights to read."""
+    """Under `with torch.device("meta")` (the driver counting parameters, a worker before its layout)."""
     return torch.empty(0).is_meta
 
 
@@ -52,9 +105,7 @@ def _untie_head(model: nn.Module) -> None:
 
 
 def build(options: HfOptions, meta: dict[str, Any]) -> BlockModel:
-    from raydl.models.hf.blocks import as_blocks
-
-    return as_blocks(build_causal_lm(options, meta))
+    return HfBlocks.build(options, meta)
 
 
 def flops_per_sample(options: HfOptions, meta: dict[str, Any]) -> float:
