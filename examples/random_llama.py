@@ -24,6 +24,9 @@ from safetensors.torch import save_file
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512),
+    # Llama 3.2 1B's shape at a size CI trains in minutes: the same code paths (GQA, tied embeddings, several shards)
+    "small": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=8192),
     "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256),
 }

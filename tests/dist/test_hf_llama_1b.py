@@ -5,15 +5,21 @@ and the run exports to a directory that transformers' from_pretrained loads. No 
 but that last check (and it runs in a subprocess of its own).
 
 Each worker's peak RSS (after building and loading, and over the whole run) and the time to its first step are
-written to measurements.json and printed. Needs ~21 GiB of free memory: at dp=2 FSDP in fp32 a worker held
-9.4 GiB when the OOM killer stopped it on a busy 23 GiB machine (its half of the parameters and gradients,
-5.6 GiB, plus the 1 GiB head's all-gathered weight and unsharded gradient, each with a gloo copy); skipped on
-a smaller machine. On a shared one run it alone
-(`flock /tmp/raydl-bigmem.lock pytest ...`); its workers ask the OOM killer to take them first."""
+written to measurements.json and printed.
+
+CI runs it at examples/random_llama.py's "small" size (Llama 3.2 1B's shape, 8M parameters: minutes); the real
+size is `RAYDL_HF_E2E_SIZE=llama-3.2-1b pytest tests/dist/test_hf_llama_1b.py`: more than 30 minutes on 2 cores and
+~21 GiB of free memory (at dp=2 FSDP in fp32 a worker held 9.4 GiB when the OOM killer stopped it on a busy 23 GiB
+machine: its half of the parameters and gradients, 5.6 GiB, plus the 1 GiB head's all-gathered weight and unsharded
+gradient, each with a gloo copy), so not in CI's 40 minutes. On a shared machine run it alone
+(`flock /tmp/raydl-bigmem.lock pytest ...`); its workers ask the OOM killer to take them first. The bounds on each
+worker's memory and on the export's are checked at the real size only: at the small one they are below the
+processes' own noise."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -22,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from examples.random_llama import SIZES, write_tokens, write_weights
 from raydl.cli import main
@@ -30,18 +37,36 @@ from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
 from tests.helpers import REPO, run_gloo
 
-SIZE = SIZES["llama-3.2-1b"]
-MODEL_BYTES = 4 * (1_235_814_400 + SIZE["vocab_size"] * SIZE["hidden_size"])   # + the untied head
-LARGEST = 4 * SIZE["vocab_size"] * SIZE["hidden_size"]   # the embeddings (and the head): 1.05 GB
-NEED_GIB = 21
+SIZE_NAME = os.environ.get("RAYDL_HF_E2E_SIZE", "small")
+SIZE = SIZES[SIZE_NAME]
+REAL_SIZE = SIZE_NAME == "llama-3.2-1b"
 STEPS = 5
 
 
-def _available_gib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return 0.0
+def _parameters(s: dict) -> int:
+    """Of the model raydl trains: its head untied from the embeddings."""
+    d, ff, kv_width = s["hidden_size"], s["intermediate_size"], s["hidden_size"] // s["num_attention_heads"] * \
+        s["num_key_value_heads"]
+    layer = 2 * d * d + 2 * kv_width * d + 3 * ff * d + 2 * d
+    return 2 * s["vocab_size"] * d + s["num_hidden_layers"] * layer + d
+
+
+MODEL_BYTES = 4 * _parameters(SIZE)
+LARGEST = 4 * SIZE["vocab_size"] * SIZE["hidden_size"]   # the embeddings (and the head): 1.05 GB at the real size
+
+
+TRAINED = "model.layers.0.mlp.down_proj.weight"
+
+
+def _tensor(directory: Path, name: str):
+    """One tensor of a safetensors directory, read from the file that holds it (None if none does)."""
+    from safetensors import safe_open
+
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            if name in f.keys():
+                return f.get_tensor(name)
+    return None
 
 
 def _rss_kib() -> int:
@@ -104,11 +129,9 @@ def _python_peak(code: str, *args: str) -> tuple[str, float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_llama_3_2_1b_dimensions_train_at_dp2_and_pp2_resume_across_and_export(tmp_path):
-    if _available_gib() < NEED_GIB:
-        pytest.skip(f"needs {NEED_GIB} GiB of available memory, {_available_gib():.1f} GiB here")
+def test_llama_3_2_1b_shape_trains_at_dp2_and_pp2_resumes_across_and_exports(tmp_path):
     t0 = time.time()
-    write_weights(tmp_path / "llama", "llama-3.2-1b")
+    write_weights(tmp_path / "llama", SIZE_NAME)
     write_seconds = time.time() - t0
     assert main(["data", "prepare", str(write_tokens(tmp_path / "src", SIZE["vocab_size"])), "--from", "parquet",
                  "--out", str(tmp_path / "data"), "--quiet"]) == 0
@@ -127,13 +150,14 @@ def test_llama_3_2_1b_dimensions_train_at_dp2_and_pp2_resume_across_and_export(t
 
     a, b, c = (runs[k]["losses"] for k in runs)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1)) and sorted(c) == [STEPS], (a, b, c)
-    assert a[STEPS] < a[1], a   # it trains
+    if REAL_SIZE:   # random tokens: the real size starts far above log(vocab) and comes down; the small at it
+        assert a[STEPS] < a[1], a
     for step in a:
         assert abs(a[step] - b[step]) < 1e-3, ("pp2 from the same weights", step, a[step], b[step])
     assert abs(c[STEPS] - a[STEPS]) < 1e-3, ("resumed at pp2", c[STEPS], a[STEPS])
 
     # A worker holds what it owns plus about one tensor (the 1.05 GB embeddings) at most, never the whole model.
-    for name, run in runs.items():
+    for name, run in runs.items() if REAL_SIZE else ():
         for start, built in zip(run["rss_at_start_gib"], run["peak_rss_after_build_gib"]):
             assert (built - start) * 2**30 < 0.5 * MODEL_BYTES + 1.25 * LARGEST, (name, run)
 
@@ -141,15 +165,18 @@ def test_llama_3_2_1b_dimensions_train_at_dp2_and_pp2_resume_across_and_export(t
     _, export_peak = _python_peak("import sys; from raydl.cli import main; assert main(sys.argv[1:]) == 0",
                                   "export", str(runs["dp2-fsdp@4 -> pp2"]["run_dir"]), "--format", "hf",
                                   "--out", str(export))
-    index = json.loads((export / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) > 3 and index["metadata"]["total_size"] == MODEL_BYTES
-    assert export_peak * 2**30 < 0.5 * MODEL_BYTES, export_peak   # streamed: never the whole model
+    if REAL_SIZE:   # streamed, a shard of at most 1 GiB at a time: never the whole model
+        index = json.loads((export / "model.safetensors.index.json").read_text())
+        assert index["metadata"]["total_size"] == MODEL_BYTES and len(set(index["weight_map"].values())) > 3
+        assert export_peak * 2**30 < 0.5 * MODEL_BYTES, export_peak
     loaded, load_peak = _python_peak(
         "import sys, torch; from transformers import AutoModelForCausalLM\n"
         "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True)\n"
         "print(sum(p.numel() for p in m.parameters()), m.config.tie_word_embeddings, "
         "bool(m(torch.arange(16)[None]).logits.isfinite().all()))", str(export))
     assert loaded.split() == [str(MODEL_BYTES // 4), "False", "True"], loaded
+    assert _tensor(export, TRAINED) is not None and not torch.equal(_tensor(export, TRAINED),
+                                                                     _tensor(tmp_path / "llama", TRAINED))   # trained
 
     measured = {"model_bytes": MODEL_BYTES, "write_weights_s": round(write_seconds, 1),
                 "runs": {k: {m: v for m, v in r.items() if m not in ("run_dir", "losses")} | {"losses": r["losses"]}
