@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Iterator
 
+from raydl.console import Console, Progress
 from raydl.metrics.writer import MetricsWriter
 from raydl.node_actor import start_on_this_node
 from raydl.telemetry.records import WorkerReport
@@ -29,7 +30,7 @@ RELAY_EVERY_S = 0.5
 
 class MetricsSink:
     def __init__(self, run_dir: str, progress: bool, events_dir: str | None):
-        self.lines: list[str] = []
+        self.lines: list[str | Progress] = []
         self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, say=self.say)
 
     def write(self, report: WorkerReport, world_size: int) -> None:
@@ -40,10 +41,10 @@ class MetricsSink:
     def note_failure(self, cause: str) -> None:
         self.writer.note_failure(cause)
 
-    def say(self, line: str) -> None:
+    def say(self, line: str | Progress) -> None:
         self.lines.append(line)
 
-    def take_lines(self) -> list[str]:
+    def take_lines(self) -> list[str | Progress]:
         lines, self.lines = self.lines, []
         return lines
 
@@ -55,16 +56,17 @@ def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None):
 
 @contextlib.contextmanager
 def relay_lines(sink) -> Iterator[None]:
-    """While the run trains, print the sink's console lines in this process (the driver's), as its own lines;
-    the last ones once more after the run."""
+    """While the run trains, show the sink's console lines and progress in this process (the driver's), as its
+    own (a bar when stderr is a terminal); the last ones once more after the run, then the bar ends."""
     import ray
 
     stopped = threading.Event()
+    console = Console()
 
     def relay() -> None:
         try:
-            for line in ray.get(sink.take_lines.remote(), timeout=30):
-                log.info(line)
+            for item in ray.get(sink.take_lines.remote(), timeout=30):
+                console.show(item)
         except ray.exceptions.RayError:   # the sink is gone with its node or the cluster: nothing left to print
             stopped.set()
 
@@ -80,3 +82,4 @@ def relay_lines(sink) -> Iterator[None]:
         stopped.set()
         thread.join(timeout=35)
         relay()
+        console.close()

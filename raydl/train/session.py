@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from raydl import log as raydl_log
+from raydl.console import Console
 from raydl.metrics.writer import MetricsWriter
 from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
@@ -177,7 +178,9 @@ class TorchrunSession:
         if self.owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.run_dir, self.keep = Path(run_dir), keep
-        self.writer = MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir) if self.rank == 0 else None
+        self.console = Console()   # rank 0's progress: a bar when its stderr is a terminal
+        self.writer = (MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir, say=self.console.show)
+                       if self.rank == 0 else None)
         self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager
@@ -194,7 +197,7 @@ class TorchrunSession:
         return self.signals.signum   # torchrun forwards the signal to every rank's own handler
 
     def announce(self, line: str) -> None:
-        log.info(line)
+        self.console.show(line)
 
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         path = self.run_dir / "train" / ckpt.checkpoint_name(step)
@@ -211,6 +214,7 @@ class TorchrunSession:
             self.writer.write(report, world_size=self.world_size, checkpoint=checkpoint)
 
     def close(self) -> None:
+        self.console.close()
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
