@@ -10,6 +10,7 @@ writes the line and redraws the bar below it (raydl.log).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class Console:
 
     def _draws_bar(self) -> bool:
         if self.terminal is None:
-            self.terminal = sys.stderr.isatty()
+            self.terminal = _terminal_columns() > 0
         return self.terminal
 
     def _draw(self, p: Progress) -> None:
@@ -69,3 +70,12 @@ class Console:
         self.bar.n = p.step
         self.bar.set_postfix_str(p.status, refresh=False)
         self.bar.refresh()
+
+
+def _terminal_columns() -> int:
+    """stderr's width when it is a terminal, else 0. A terminal that reports no width (a pseudo-terminal whose
+    size nobody set) gets lines too: tqdm would draw its bar in 0 columns, which shows nothing."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 0
+    except (AttributeError, OSError, ValueError):   # no file descriptor behind sys.stderr
+        return 0

@@ -48,12 +48,16 @@ def test_quiet_run_prints_only_the_summary(data_cache, tmp_path):
 
 def run_with_terminal_stderr(tmp_path: Path, command: list[str]) -> tuple[str, str]:
     """stdout (a pipe) and stderr (a pseudo-terminal, as in an interactive shell) of `command`."""
+    import fcntl
     import pty
+    import struct
+    import termios
     import threading
 
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))   # rows, columns: a real terminal's
     proc = subprocess.Popen(command, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=slave,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     os.close(slave)
     chunks: list[bytes] = []
 
