@@ -96,4 +96,4 @@ def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher):
     assert "[raydl] step " not in terminal, terminal
     assert "train 100%|" in terminal and " 30/30 [" in terminal and " 10/30 [" in terminal, terminal
     assert " samples/s " in terminal and "core-h" in terminal, terminal
-    assert sum("data-parallel" in line and "micro-batch" in line for line in terminal.splitlines()) == 1, terminal
+    assert sum("micro-batch" in line and "from step 0" in line for line in terminal.splitlines()) == 1, terminal
