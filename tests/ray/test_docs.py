@@ -35,18 +35,15 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
 
 
-def runnable(page: Path) -> bool:
-    return any(block.skip_reason is None for block in page_blocks(page))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("page", [p for p in pages() if runnable(p)], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
 def test_documented_commands_pass(page, tmp_path, data_cache):
+    runnable = [block for block in page_blocks(page) if block.skip_reason is None]   # parsed here: a bad page
+    if not runnable:                                                                  # fails its test, not collection
+        pytest.skip(f"{page.name}: every block is marked 'not tested'")
     cwd = checkout_like(tmp_path, data_cache)
-    for block in page_blocks(page):
-        if block.skip_reason is not None:
-            continue
+    for block in runnable:
         for command in block.commands:
             t0 = time.monotonic()
             done = run(command, cwd)
