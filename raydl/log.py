@@ -43,6 +43,16 @@ class _StderrHandler(logging.StreamHandler):
     def stream(self, _ignored) -> None:
         pass
 
+    def emit(self, record: logging.LogRecord) -> None:
+        """Above a progress bar, if one is drawn (raydl.console): tqdm clears it, the line goes out, the bar
+        is redrawn below it. tqdm is looked up, not imported: without a bar there is nothing to clear."""
+        tqdm = sys.modules.get("tqdm")
+        if tqdm is None or not tqdm.tqdm._instances:
+            super().emit(record)
+            return
+        with tqdm.tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
+
 
 def configure(verbosity: int | None = None) -> int:
     """Set the "raydl" logger up for `verbosity` (None: RAYDL_VERBOSITY, else the default); returns it."""

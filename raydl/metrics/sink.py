@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Iterator
 
+from raydl.console import Console, Progress
 from raydl.metrics.writer import MetricsWriter
 from raydl.node_actor import start_on_this_node
 from raydl.telemetry.records import WorkerReport
@@ -31,7 +32,7 @@ WORKERS_LOG = "workers.log"   # the workers' error tracebacks (raydl.train.trace
 
 class MetricsSink:
     def __init__(self, run_dir: str, progress: bool, events_dir: str | None, trackers: dict, mirror: str | None):
-        self.lines: list[str] = []
+        self.lines: list[str | Progress] = []
         self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, trackers=trackers, say=self.say,
                                     mirror=mirror)
 
@@ -50,10 +51,10 @@ class MetricsSink:
         with (self.writer.run_dir / WORKERS_LOG).open("a") as f:
             f.write(text)
 
-    def say(self, line: str) -> None:
+    def say(self, line: str | Progress) -> None:
         self.lines.append(line)
 
-    def take_lines(self) -> list[str]:
+    def take_lines(self) -> list[str | Progress]:
         lines, self.lines = self.lines, []
         return lines
 
@@ -65,14 +66,16 @@ def start_sink(name: str, run_dir: str, progress: bool, events_dir: str | None, 
 
 @contextlib.contextmanager
 def relay_lines(sink) -> Iterator[None]:
-    """While the run trains, print the sink's console lines in this process (the driver's), as its own lines;
-    the last ones once more after the run. One request is in flight at a time, and a slow answer is waited for
-    at the next tick, not dropped: the sink's start (an experiment tracker's, under load) can take longer than
-    a tick, and its lines would be lost with a dropped answer."""
+    """While the run trains, show the sink's console lines and progress in this process (the driver's), as its
+    own (a bar when stderr is a terminal); the last ones once more after the run, then the bar ends. One request
+    is in flight at a time, and a slow answer is waited for at the next tick, not dropped: the sink's start (an
+    experiment tracker's, under load) can take longer than a tick, and its lines would be lost with a dropped
+    answer."""
     import ray
 
     stopped, gone = threading.Event(), threading.Event()
     pending: list = []   # the take_lines request in flight, if any
+    console = Console()
 
     def relay(wait_s: float) -> bool:
         """Print the answer to the request in flight if it comes within wait_s; True if it did."""
@@ -81,8 +84,8 @@ def relay_lines(sink) -> Iterator[None]:
                 pending.append(sink.take_lines.remote())
             if not ray.wait(pending, timeout=wait_s)[0]:
                 return False
-            for line in ray.get(pending.pop()):
-                log.info(line)
+            for item in ray.get(pending.pop()):
+                console.show(item)
             return True
         except ray.exceptions.RayError:   # the sink is gone with its node or the cluster: nothing left to print
             gone.set()
@@ -101,3 +104,4 @@ def relay_lines(sink) -> Iterator[None]:
         thread.join(timeout=35)
         if not gone.is_set() and relay(30):   # that answer may be to a request older than the last lines
             relay(30)
+        console.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raydl import log as raydl_log
+from raydl.console import Console, Progress
 from raydl.metrics.run_mirror import RunMirror
 from raydl.metrics.tensorboard import EventsWriter
 from raydl.metrics.trackers import open_trackers, report_png, send
@@ -30,16 +31,17 @@ log = logging.getLogger(__name__)
 
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, progress: bool = True, events_dir: str | None = None,
-                 trackers: dict | None = None, say: Callable[[str], None] = log.info, mirror: str | None = None):
+                 trackers: dict | None = None, say: Callable[[str | Progress], None] | None = None,
+                 mirror: str | None = None):
         """`events_dir`: also write TensorBoard events there (telemetry.tensorboard). `trackers`: also log to the
         experiment trackers these settings name (raydl.metrics.trackers.settings_for). `say`: where the progress
-        lines go (the sink keeps them for the driver to print). `mirror`: a bucket location that keeps a copy of
-        the run's record (raydl.metrics.run_mirror)."""
+        goes (the sink keeps it for the driver to show; default: a Console of this process). `mirror`: a bucket
+        location that keeps a copy of the run's record (raydl.metrics.run_mirror)."""
         raydl_log.ensure_configured()   # it runs in Train's controller actor or a torchrun rank: not the CLI's process
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self.progress, self.say = progress, say
+        self.progress, self.say = progress, say or Console().show
         self.records: list[StepRecord] = []
         self.world_sizes: list[int] = []
         self.layouts: list[dict[str, Any]] = []
@@ -49,7 +51,7 @@ class MetricsWriter:
         self.events = EventsWriter(events_dir) if events_dir else None
         self.trackers = open_trackers(trackers, self.run_dir) if trackers else []
         for tracker in self.trackers:
-            say(f"logging to {tracker.where}")
+            self.say(f"logging to {tracker.where}")
         self.mirror = RunMirror(self.run_dir, mirror) if mirror else None
         self.cost = CostMeter(Pricing.for_run_dir(self.run_dir))
         if line := last_line(self.path):   # a torchrun restart in place: the run's totals go on from there
@@ -122,9 +124,9 @@ class MetricsWriter:
         recent = self.records[-20:]
         rate, elapsed = stopwatch(recent)
         eta = f" eta {max(0, total - r.step) * elapsed / len(recent):.0f}s" if total and elapsed else ""
-        self.say(f"step {r.step}/{total} loss {r.loss:.4f} lr {r.lr:.2e} "
-                 f"{rate:.0f} samples/s data-wait {100 * r.data_wait_frac:.1f}% "
-                 f"ws {r.world_size} {self.cost.progress()}{eta}")
+        self.say(Progress(r.step, total, f"loss {r.loss:.4f} lr {r.lr:.2e} {rate:.0f} samples/s "
+                                         f"data-wait {100 * r.data_wait_frac:.1f}% ws {r.world_size} "
+                                         f"{self.cost.progress()}{eta}"))
 
     def summary(self, final: FinalInfo) -> dict[str, Any]:
         recs = self.records

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from raydl import log as raydl_log
 from raydl import storage
+from raydl.console import Console
 from raydl.metrics import run_mirror
 from raydl.metrics.writer import MetricsWriter
 from raydl.signals import SignalStop
@@ -192,8 +193,10 @@ class TorchrunSession:
         # The run directory's train/, or storage_path/<run>-<run id> (a bucket): as under Ray Train. Only rank 0
         # of a new run knows the run id it wrote.
         self.checkpoints_at = storage.join(*storage.run_checkpoints(storage_path, run_dir, _from_rank0(run_id)))
+        self.console = Console()   # rank 0's progress: a bar when its stderr is a terminal
         self.writer = (MetricsWriter(self.run_dir, progress=progress, events_dir=events_dir, trackers=trackers,
-                                     mirror=run_mirror.location(self.checkpoints_at)) if self.rank == 0 else None)
+                                     say=self.console.show, mirror=run_mirror.location(self.checkpoints_at))
+                       if self.rank == 0 else None)
         self.signals = SignalStop().__enter__()   # torchrun forwards SIGINT/SIGTERM to every rank
 
     @contextlib.contextmanager
@@ -210,7 +213,7 @@ class TorchrunSession:
         return self.signals.signum   # torchrun forwards the signal to every rank's own handler
 
     def announce(self, line: str) -> None:
-        log.info(line)
+        self.console.show(line)
 
     def save_and_report(self, step: int, report: WorkerReport, save_fn) -> None:
         name = ckpt.checkpoint_name(step)
@@ -240,6 +243,7 @@ class TorchrunSession:
             self.writer.write(report, world_size=self.world_size, checkpoint=checkpoint)
 
     def close(self) -> None:
+        self.console.close()
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 

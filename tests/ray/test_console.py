@@ -44,3 +44,56 @@ def test_quiet_run_prints_only_the_summary(data_cache, tmp_path):
     assert "{" in lines, out
     summary = json.loads("\n".join(lines[lines.index("{"):]))
     assert summary["steps"] == 30 and lines.index("{") <= 3, out   # Ray's own lines, at most 3, come before it
+
+
+def run_with_terminal_stderr(tmp_path: Path, command: list[str]) -> tuple[str, str]:
+    """stdout (a pipe) and stderr (a pseudo-terminal, as in an interactive shell) of `command`."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))   # rows, columns: a real terminal's
+    proc = subprocess.Popen(command, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=slave,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # EIO: every writer of the terminal has exited
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    stdout, _ = proc.communicate(timeout=600)
+    reader.join(timeout=30)
+    os.close(master)
+    assert proc.returncode == 0, b"".join(chunks).decode(errors="replace")
+    return stdout, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["ray", "torchrun"])
+def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher):
+    """On a terminal the progress lines become one tqdm bar (driven by the driver's relay under Ray, by rank 0
+    without Ray); the layout line is still a line, and stdout still carries only the summary."""
+    bin_dir = Path(sys.executable).parent
+    command = ([str(bin_dir / "raydl"), "train"] if launcher == "ray" else
+               [sys.executable, "-m", "raydl.worker", "--set", "scaling.min_workers=1", "--set", "scaling.max_workers=1"])
+    sets = ["train.max_steps=30", "telemetry.report_every=10", f"data.cache_dir={data_cache}",
+            "data.builtin_samples=4096", "train.eval_batches=2"]
+    stdout, terminal = run_with_terminal_stderr(tmp_path, [*command, *[a for s in sets for a in ("--set", s)]])
+    lines = stdout.splitlines()
+    assert json.loads("\n".join(lines[lines.index("{"):]))["steps"] == 30, stdout   # torchrun: a table before it
+    assert "[raydl] step " not in terminal, terminal
+    assert "train 100%|" in terminal and " 30/30 [" in terminal and " 10/30 [" in terminal, terminal
+    assert " samples/s " in terminal and "core-h" in terminal, terminal
+    assert sum("micro-batch" in line and "from step 0" in line for line in terminal.splitlines()) == 1, terminal

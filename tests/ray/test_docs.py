@@ -1,0 +1,52 @@
+"""Every command of the README and the guides runs as documented (tests/docs_blocks.py says which).
+
+Each page gets a fresh directory that looks like the checkout (links to its tracked top-level files, so
+`examples.my_model:spec` and `jobs/configs/...` resolve) and shares the session's built-in dataset cache;
+its blocks run there in order, one bash per command, with the repository's venv first on PATH."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.docs_blocks import REPO, page_blocks, pages
+
+COMMAND_TIMEOUT_S = 600   # a loaded 2-core machine: ten times the quiet time
+ENV = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def checkout_like(tmp_path: Path, data_cache: Path) -> Path:
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in sorted({line.split("/")[0] for line in tracked.splitlines()}):
+        (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / ".raydl_data").symlink_to(data_cache)   # the built-in datasets, generated once per session
+    return tmp_path
+
+
+def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYDL_"))}
+    env.update(ENV, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_documented_commands_pass(page, tmp_path, data_cache):
+    runnable = [block for block in page_blocks(page) if block.skip_reason is None]   # parsed here: a bad page
+    if not runnable:                                                                  # fails its test, not collection
+        pytest.skip(f"{page.name}: every block is marked 'not tested'")
+    cwd = checkout_like(tmp_path, data_cache)
+    for block in runnable:
+        for command in block.commands:
+            t0 = time.monotonic()
+            done = run(command, cwd)
+            print(f"{block.page}:{block.line} {time.monotonic() - t0:5.1f} s  {command}")
+            assert done.returncode == 0, (f"{block.page}:{block.line}: `{command}` exited {done.returncode}:\n"
+                                          + "\n".join(done.stdout.splitlines()[-40:]))
