@@ -136,13 +136,14 @@ class CheckpointSection:
     shared_local: bool = _f(False, "The local checkpoint path (storage_path, or the run directory) is on storage every "
                             "node mounts (NFS): lets a multi-node or autoscaling cluster checkpoint there. Without it "
                             "such a run is refused, since a node that dies takes its local disk with it.")
-    memory_every_steps: int = _f(1, "Under Ray: every N steps each rank hands its shard of the training state (its part "
+    memory_every_steps: int = _f(0, "Under Ray: every N steps each rank hands its shard of the training state (its part "
                                  "of the model and optimizer, the step, the data position) to an actor on the driver's "
                                  "node, so that a restart of the whole worker group after a worker dies reloads it from "
                                  "there and redoes at most N steps, instead of every step since the last storage "
                                  "checkpoint. Costs one copy of the whole state (two while a step's shards arrive) in "
-                                 "that node's RAM and a copy of its shard per N steps on each rank; 0 = off "
-                                 "(docs/restart-from-memory.md).")
+                                 "that node's RAM and a copy of its shard per N steps on each rank: on the default run "
+                                 "(tiny GPT, DDP, 2 CPU workers) N=1 cost 2.5x its step time, so 0 = off is the "
+                                 "default (docs/restart-from-memory.md).")
 
 
 @dataclass(kw_only=True)
@@ -160,9 +161,11 @@ class ScalingSection:
                                      "0 = the GPU's memory, or on CPU this node's RAM / the workers on it.")
     fit_timeout_s: float = _f(600.0, "Seconds to wait, on a cluster given by --address (which may autoscale), until "
                               "min_workers workers fit before failing with the numbers; a local Ray fails at once.")
-    survivors: str = _f("auto", "When a worker dies, the others keep training and a replacement copies a live peer "
+    survivors: str = _f("off", "When a worker dies, the others keep training and a replacement copies a live peer "
                         "(torchft, the `ft` extra; data-parallel layouts only): auto (when torchft is installed and "
-                        "the layout allows it), on (required), off (every failure restarts the whole group).",
+                        "the layout allows it), on (required), off (every failure restarts the whole group). Off by "
+                        "default: its per-step quorum cost the default run (tiny GPT, 2 CPU workers) about a quarter "
+                        "of its throughput (docs/recovery.md).",
                         choices=("auto", "on", "off"))
     survivor_timeout_s: float = _f(1.0, "Seconds without a heartbeat from a worker before the survivors go on "
                                    "without it (torchft Lighthouse heartbeat timeout; scaling.survivors).")

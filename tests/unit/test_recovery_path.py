@@ -10,7 +10,8 @@ from raydl.parallel.recovery import choose
 
 
 def path(*sets: str, torchft: bool = True):
-    return choose(load_config(None, list(sets)), torchft=torchft)
+    """The path scaling.survivors=auto (opt-in: the default is off) takes, or that `sets` give."""
+    return choose(load_config(None, ["scaling.survivors=auto", *sets]), torchft=torchft)
 
 
 def test_data_parallel_runs_keep_their_survivors():
