@@ -21,6 +21,7 @@ from typing import Any
 from raydl import log as raydl_log
 from raydl.console import Console, Progress
 from raydl.metrics.run_mirror import RunMirror
+from raydl.metrics.stopwatch import stopwatch
 from raydl.metrics.tensorboard import EventsWriter
 from raydl.metrics.trackers import open_trackers, report_png, send
 from raydl.telemetry.cost import CostMeter, Pricing, last_line
@@ -179,21 +180,6 @@ class MetricsWriter:
         if self.trackers:
             self.trackers = send(self.trackers, "finish", self.run_dir, report_png(self.run_dir))
         return summary
-
-
-def wall_clock(steps: list[tuple[int, int, float, float]]) -> tuple[float, float]:
-    """(samples/s, elapsed s) of consecutive steps, each (step, samples, end time, elapsed_s), as a stopwatch sees
-    them: their samples (a step redone after a restart counted once) over the wall time from before the first one
-    to the last one's end, with whatever ran between them."""
-    if not steps:
-        return 0.0, 0.0
-    elapsed = steps[-1][2] - (steps[0][2] - steps[0][3])
-    samples = sum({step: n for step, n, _, _ in steps}.values())
-    return (samples / elapsed if elapsed > 0 else 0.0), elapsed
-
-
-def stopwatch(records: list[StepRecord]) -> tuple[float, float]:
-    return wall_clock([(r.step, r.samples, r.time, r.elapsed_s) for r in records])
 
 
 def _median_if_known(records: list[StepRecord], key: str, scale: float) -> dict[str, float]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from raydl.metrics.writer import wall_clock
+from raydl.metrics.stopwatch import wall_clock
 from raydl.telemetry.cost import format_usd
 
 # Steps averaged for the train loss that is compared with target_loss: one step's loss is noisy.

@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from raydl.metrics.writer import MetricsWriter, stopwatch
+from raydl.metrics.stopwatch import stopwatch
+from raydl.metrics.writer import MetricsWriter
 from raydl.telemetry.records import FinalInfo, StepRecord, WorkerReport
 from raydl.telemetry.step_clock import StepClock
 
