@@ -31,7 +31,8 @@ def test_two_runs_with_one_basename_and_one_storage_path_keep_their_checkpoints(
 def test_more_workers_than_the_cluster_holds_fails_at_once_and_leaves_no_run_dir(ray_session, data_cache, tmp_path):
     cfg = load_config(None, [f"data.cache_dir={data_cache}", f"run.runs_dir={tmp_path / 'runs'}",
                              "scaling.min_workers=64", "scaling.max_workers=64", "train.global_batch_size=64",
-                             "train.micro_batch_size=1"])
+                             "train.micro_batch_size=1",
+                             "scaling.memory_per_worker_gb=4"])   # past the memory check: the cluster's turn
     with pytest.raises(ConfigError, match=r"asks for 64 workers of 1 CPU each.*can place only \d+"):
         run_training(cfg)
     assert not list((tmp_path / "runs").iterdir())
