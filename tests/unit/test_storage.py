@@ -110,8 +110,12 @@ def checking_s3(monkeypatch):
 
 
 def test_credentials_the_store_refuses_stop_train_before_ray_starts(checking_s3, tmp_path, monkeypatch, capsys):
-    import ray
+    from raydl.driver import ray_trainer
 
+    def ray_started(*args, **kwargs):
+        raise AssertionError("Ray was started (or joined) before the storage check refused the run")
+
+    monkeypatch.setattr(ray_trainer, "connect", ray_started)   # a session-wide Ray may already be up
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-secret")
@@ -120,7 +124,7 @@ def test_credentials_the_store_refuses_stop_train_before_ray_starts(checking_s3,
     err = capsys.readouterr().err
     assert "checkpoint.storage_path 's3://ckpts/runs' cannot be reached" in err and "ACCESS_DENIED" in err
     assert "AWS_ACCESS_KEY_ID" in err and "Traceback" not in err
-    assert os.listdir(tmp_path) == [] and not ray.is_initialized()
+    assert os.listdir(tmp_path) == []
 
 
 def test_no_credentials_at_all_stop_prepare_with_one_paragraph(checking_s3, tmp_path, monkeypatch, capsys):
