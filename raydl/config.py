@@ -120,6 +120,11 @@ class TrainSection:
                            "copying each block to the GPU when it runs: frees their device memory, costs a host-device "
                            "copy per block per step and a CPU optimizer step. On CPU workers it changes nothing (a "
                            "warning says so).")
+    host_mmap_threshold_kib: int = _f(1024, "Each worker's host allocations of at least this many KiB are mapped "
+                                      "from the OS and returned to it when freed (glibc M_MMAP_THRESHOLD). glibc's "
+                                      "default raises this threshold up to 32 MiB as a run frees large blocks, and "
+                                      "its heap then keeps them: a 302M-parameter FSDP worker peaked at 2977 MiB "
+                                      "after 5 steps instead of 1681. 0 = glibc's default.")
     grad_clip: float = _f(1.0, "Clip the global gradient norm to this value; 0 = off.")
     seed: int = _f(0, "Seed for model init, data order and dropout.")
     eval_every: int = _f(0, "Evaluate every N steps (0 = only at the end).")
@@ -322,6 +327,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "train.global_batch_size": (0, None, False, False), "train.micro_batch_size": (0, None, False, False),
     "train.max_steps": (0, None, True, False), "train.max_epochs": (0, None, True, False),
     "train.grad_clip": (0, None, True, False), "train.seed": (0, None, True, False),
+    "train.host_mmap_threshold_kib": (0, 32768, True, True),
     "train.eval_every": (0, None, True, False), "train.eval_batches": (0, None, False, False),
     "checkpoint.every_steps": (0, None, False, False), "checkpoint.keep": (0, None, False, False),
     "checkpoint.memory_every_steps": (0, None, True, False),

@@ -43,6 +43,7 @@ from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
+from raydl.train.host_memory import return_large_blocks
 from raydl.train.memory_state import GroupStart, MemoryKeeper, begin_group
 from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer, lr_at, set_lr
@@ -140,6 +141,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
                           worker_imports_done=IMPORTS_DONE)
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return_large_blocks(cfg.train.host_mmap_threshold_kib)
     if session is None:
         session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False),
                               survivors=job.get("recovery", NO_SURVIVORS)["survivors"]) if in_ray() else
