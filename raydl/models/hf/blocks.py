@@ -60,8 +60,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         positions = _positions(hidden)
-        mask = self.make_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
-                              position_ids=positions)
+        # No position_ids for the mask: raydl's rows are never packed, and transformers would look for packed
+        # sequences in them with a data-dependent `.all()` (a device sync per layer per step; fails on meta).
+        mask = self.make_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                              position_ids=None)
         extra = {"position_embeddings": self.rotary(hidden, positions)} if self.rotary is not None else {}
         # By keyword: GPT-2's block takes (hidden, past_key_values, attention_mask, ...) positionally.
         return self.layer(hidden, attention_mask=mask, position_ids=positions, use_cache=False, **extra)
