@@ -3,10 +3,9 @@
 glibc serves an allocation from its heap unless it is at least M_MMAP_THRESHOLD bytes, and by default it raises
 that threshold (up to 32 MiB) each time a large block is freed. A training step frees layer-sized blocks by the
 hundred (FSDP's unsharded parameters and gradients, activations): after the first step they land in the heap,
-which fragments and keeps them. Measured on this machine, a 302M-parameter gpt under FSDP at dp=2: each worker's
-resident peak grew 2249 -> 2459 -> 2977 MiB over 1, 2 and 5 steps with glibc's default, and stayed at 1615 MiB
-with a fixed 64 KiB threshold, 1681 MiB with 1 MiB (benchmarks/results/memory-cpu.json). A fixed threshold also
-turns off the adjustment, so the number holds for the whole run.
+which fragments and keeps them. `raydl bench memory`, a 302M gpt at dp=2 FSDP: each worker's whole-run peak above a
+tiny model's run was 2.1x the fp32 model with glibc's default and 1.14x (its predicted live tensors, +0%) with 1 MiB
+(benchmarks/results/memory-cpu.json). A fixed threshold also turns the adjustment off, so it holds for the whole run.
 """
 
 from __future__ import annotations
@@ -20,6 +19,19 @@ log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3   # glibc's malloc.h
 
 
+AUTO_KIB = 1024
+
+
+def threshold_for(setting: int | str, *, wrapper: str, pp: int, cpu_offload: bool) -> int:
+    """train.host_mmap_threshold_kib resolved for a worker's layout. `auto` fixes it where a step frees large host
+    blocks by the hundred (FSDP2's gathered layers and unsharded gradients, a pipeline's per-micro-batch
+    activations and messages, offloaded state) and leaves glibc's default for classic DDP and a single worker,
+    where mapping every large block costs page faults and saved nothing measurable (`raydl bench host_memory`)."""
+    if setting != "auto":
+        return int(setting)
+    return AUTO_KIB if wrapper == "fsdp" or pp > 1 or cpu_offload else 0
+
+
 def return_large_blocks(threshold_kib: int) -> bool:
     """Serve host allocations of at least `threshold_kib` KiB by mmap (freed straight back to the OS); 0 leaves
     glibc's default. False where the C library is not glibc (musl, macOS): nothing to change there."""
@@ -31,7 +43,6 @@ def return_large_blocks(threshold_kib: int) -> bool:
     except (OSError, AttributeError, TypeError):
         return False
     if mallopt(M_MMAP_THRESHOLD, threshold_kib * 1024) != 1:
-        log.warning(f"train.host_mmap_threshold_kib={threshold_kib}: glibc refused it (its limit is 32768); "
-                    "glibc's default stays")
+        log.warning(f"train.host_mmap_threshold_kib={threshold_kib}: glibc refused it; glibc's default stays")
         return False
     return True

@@ -43,7 +43,7 @@ from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
-from raydl.train.host_memory import return_large_blocks
+from raydl.train.host_memory import return_large_blocks, threshold_for
 from raydl.train.memory_state import GroupStart, MemoryKeeper, begin_group
 from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer, lr_at, set_lr
@@ -141,7 +141,6 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
                           worker_imports_done=IMPORTS_DONE)
     cfg = build_config(job["config"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    return_large_blocks(cfg.train.host_mmap_threshold_kib)
     if session is None:
         session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False),
                               survivors=job.get("recovery", NO_SURVIVORS)["survivors"]) if in_ray() else
@@ -162,6 +161,8 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     engine = build_engine(model, cfg, spec, session, info.meta, init, survivors=path.survivors)
     marks.mark("model_built")
     layout = engine.layout
+    return_large_blocks(threshold_for(cfg.train.host_mmap_threshold_kib, wrapper=layout.dp_wrapper, pp=layout.pp,
+                                      cpu_offload=cfg.train.cpu_offload))
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, session.device)
     memory.mark("built", layout=engine.layout.to_dict(), coords=engine.layout.coords(session.rank))

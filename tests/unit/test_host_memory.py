@@ -9,13 +9,13 @@ import pytest
 
 from raydl.overrides import load_config
 from raydl.errors import ConfigError
-from raydl.train.host_memory import return_large_blocks
+from raydl.train.host_memory import AUTO_KIB, return_large_blocks, threshold_for
 
 # A step's pattern in small: a large block freed (glibc then raises its mmap threshold to that size), then many
 # layer-sized blocks, all but the last freed. The heap cannot trim below the live last one.
 PATTERN = """
 import sys, torch
-from raydl.train.host_memory import return_large_blocks
+from raydl.train.host_memory import AUTO_KIB, return_large_blocks, threshold_for
 return_large_blocks(int(sys.argv[1]))
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -40,8 +40,20 @@ def test_freed_blocks_return_to_the_os_with_a_fixed_threshold():
     assert fixed < 40, fixed           # the live one (8 MiB) and little else
 
 
+def test_auto_fixes_it_where_fsdp_pipelines_or_offload_free_large_blocks():
+    assert threshold_for("auto", wrapper="fsdp", pp=1, cpu_offload=False) == AUTO_KIB
+    assert threshold_for("auto", wrapper="replicate", pp=2, cpu_offload=False) == AUTO_KIB
+    assert threshold_for("auto", wrapper="ddp", pp=1, cpu_offload=True) == AUTO_KIB
+    assert threshold_for("auto", wrapper="ddp", pp=1, cpu_offload=False) == 0
+    assert threshold_for("auto", wrapper="none", pp=1, cpu_offload=False) == 0
+    assert threshold_for(256, wrapper="ddp", pp=1, cpu_offload=False) == 256
+    assert threshold_for(0, wrapper="fsdp", pp=1, cpu_offload=False) == 0
+
+
 def test_zero_leaves_glibc_alone_and_the_field_is_checked():
     assert return_large_blocks(0) is False
+    assert load_config(None, []).train.host_mmap_threshold_kib == "auto"
     assert load_config(None, ["train.host_mmap_threshold_kib=2048"]).train.host_mmap_threshold_kib == 2048
-    with pytest.raises(ConfigError, match="train.host_mmap_threshold_kib"):
-        load_config(None, ["train.host_mmap_threshold_kib=65536"])
+    for bad in ("65536", "big"):
+        with pytest.raises(ConfigError, match="train.host_mmap_threshold_kib"):
+            load_config(None, [f"train.host_mmap_threshold_kib={bad}"])
