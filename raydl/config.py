@@ -172,7 +172,10 @@ class ScalingSection:
                               "min_workers workers fit before failing with the numbers; a local Ray fails at once.")
     survivors: str = _f("off", "When a worker dies, the others keep training and a replacement copies a live peer "
                         "(torchft, the `ft` extra; data-parallel layouts only): auto (when torchft is installed and "
-                        "the layout allows it), on (required), off (every failure restarts the whole group). Off by "
+                        "the layout allows it), on (required), off (every failure restarts the whole group). A worker "
+                        "whose node is lost too: the others train on at the smaller size and its replacement waits "
+                        "for a node to be placed on, also in an elastic run (min_workers < max_workers), which "
+                        "otherwise restarts smaller; only a failure of every worker restarts the group. Off by "
                         "default until its per-step cost is settled: on the default run (2 CPU workers) 3 rounds gave "
                         "0.68, 1.05 and 1.22 of the off path's throughput (docs/recovery.md).",
                         choices=("auto", "on", "off"))

@@ -9,7 +9,8 @@ On a multi-node Ray cluster on this machine.
 
 Faults, injected from outside as real ones happen (tiny GPT, 2 workers on a 1-CPU head + one 1-CPU node):
   worker_kill   SIGKILL one RayTrainWorker process mid-interval (fixed 2 workers)
-  node_loss     kill the worker node's raylet and everything on it, without notice (elastic 1..2 workers)
+  node_loss     kill the worker node's raylet and everything on it, without notice (elastic 1..2 workers); a
+                new node comes back once the run has trained a step at the smaller size
   pp_worker_kill  SIGKILL one worker of a pipeline run (pp=2, fixed 2 workers, checkpoint.every_steps=100,
                 a record per step): Ray restarts the whole group
   none          no fault: the default run's config (its report and checkpoint intervals), 2 workers, to time the
@@ -19,8 +20,8 @@ Settings (each fault runs with those of its own that are given: FAULT_SETTINGS):
                 check 30 s, Train health check 0.5 s
   ray           full restart with Ray's defaults: worker start timeout 60 s, resize check 60 s, Train health check 2 s
   survivors     the survivors path (scaling.survivors=on, raydl.train.survivors): the other worker goes on,
-                Ray's replacement copies it. Not node_loss: a lost node's worker cannot be re-placed here,
-                and an elastic resize is a full restart in Ray 2.60.
+                Ray's replacement copies it; after a node loss the replacement waits for the new node
+                (raydl.driver.scaling_policy.SurvivorsElasticPolicy).
   memory        pp_worker_kill: the restarted group reloads the last step from the state holder
                 (checkpoint.memory_every_steps=1)
   storage       pp_worker_kill: it reloads the last storage checkpoint, as before (checkpoint.memory_every_steps=0)
@@ -28,7 +29,7 @@ Measured per run (step end times as the workers recorded them):
   stall_s        fault -> the first step of the workers that recovered: the restarted group's first, or the
                  survivors' first at the smaller size (the step in flight, finished after the fault, does not count);
   progress_s     fault -> the first step past the last one completed before the fault (redone steps included);
-  full_size_s    fault -> the first step at 2 workers again;
+  full_size_s    fault -> the first step at 2 workers again (node_loss: after the node came back, node_back_s);
   steps_redone   steps trained twice (sample-id ledger: steps a loader handed out past where its successor began);
   samples_lost, samples_repeated   over the run's epochs, from the ledger: both must be 0;
   restarts       worker-group restarts (summary.json);
@@ -70,7 +71,7 @@ SETTINGS = {
     "storage": {"overrides": ["scaling.survivors=off", "checkpoint.memory_every_steps=0"],
                 "env": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}},
 }
-FAULT_SETTINGS = {"worker_kill": ("raydl", "ray", "survivors"), "node_loss": ("raydl", "ray"),
+FAULT_SETTINGS = {"worker_kill": ("raydl", "ray", "survivors"), "node_loss": ("raydl", "ray", "survivors"),
                   "pp_worker_kill": ("memory", "storage"), "none": ("raydl", "survivors")}
 FAULTS = tuple(FAULT_SETTINGS)
 EVERY = 10          # checkpoint interval: the bound on steps redone
@@ -118,11 +119,15 @@ def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, step
         run.wait_step(at_step, deadline_s=300)
         done_before = run.step()
         victim = rng.choice(run.workers(2))
-        t_fault = time.time()
+        t_fault, node_back = time.time(), None
         if fault != "node_loss":
             kill(victim)
         else:
             cluster.remove(cluster.nodes[0], graceful=False)
+            run.wait_for("a step at the smaller size", lambda: any(
+                r["time"] > t_fault and r["world_size"] < 2 for r in run.records()), deadline_s=300)
+            cluster.add()   # capacity returns: a restart grows onto it, the survivors' replacement is placed on it
+            node_back = round(time.time() - t_fault, 2)
         summary = run.finish(deadline_s=600)
     finally:
         run.stop()
@@ -132,7 +137,7 @@ def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, step
     lost, repeated = lost_and_repeated(root / "ledger", data_dir(overrides))
     before = [r["step_s"] for r in records if r["time"] < t_fault and r["world_size"] == 2][5:]   # warm
     return {"stall_s": round(after["time"] - t_fault, 2), "progress_s": round(progress["time"] - t_fault, 2),
-            "full_size_s": round(full["time"] - t_fault, 2) if full else None,
+            "full_size_s": round(full["time"] - t_fault, 2) if full else None, "node_back_s": node_back,
             "steps_redone": steps_redone(root / "ledger"), "samples_lost": lost, "samples_repeated": repeated,
             "restarts": len(summary["restarts"]), "step_s_before": round(statistics.median(before), 4),
             "fault_after_step": done_before, "restart": restart, "world_sizes": summary["world_sizes"],

@@ -14,7 +14,7 @@ from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
 from ray.train.v2.api.exceptions import WorkerGroupError
 
 from raydl.driver.late_start import LateCleanerCallback, watcher_started_late
-from raydl.driver.scaling_policy import LiveNodesElasticPolicy
+from raydl.driver.scaling_policy import LiveNodesElasticPolicy, SurvivorsElasticPolicy
 from raydl.errors import raydl_error_in
 
 
@@ -31,7 +31,8 @@ class FailFastOnRaydlErrors(FailurePolicy):
 
 class RaydlTrainer(TorchTrainer):
     """TorchTrainer whose controller uses `FailFastOnRaydlErrors` around Ray's own failure policy and, when
-    elastic, `LiveNodesElasticPolicy` (raydl.driver.scaling_policy), that starts Train's guard actors once the
+    elastic, `LiveNodesElasticPolicy` (raydl.driver.scaling_policy; `SurvivorsElasticPolicy` when the backend
+    declares replica groups: the survivors path), that starts Train's guard actors once the
     workers have reported (raydl.driver.late_start), that leaves Ctrl-C to raydl's handler, and that prints the
     run's console lines from its metrics sink.
 
@@ -41,7 +42,9 @@ class RaydlTrainer(TorchTrainer):
     def _initialize_and_run_controller(self, **controller_init_kwargs):
         controller_init_kwargs["failure_policy"] = FailFastOnRaydlErrors(controller_init_kwargs["failure_policy"])
         if isinstance(controller_init_kwargs["scaling_policy"], ElasticScalingPolicy):
-            controller_init_kwargs["scaling_policy"] = LiveNodesElasticPolicy(self.scaling_config)
+            survivors = self.backend_config.backend_cls.has_replica_groups
+            controller_init_kwargs["scaling_policy"] = (SurvivorsElasticPolicy if survivors else
+                                                        LiveNodesElasticPolicy)(self.scaling_config)
         with watcher_started_late(controller_init_kwargs["callbacks"]):
             return super()._initialize_and_run_controller(**controller_init_kwargs)
 

@@ -2,7 +2,8 @@
 
   survivors     data-parallel layouts (pp = 1, every worker holds the whole model): the other workers keep
                 training in memory, at the smaller size until Ray's replacement joins and copies a live peer
-                (raydl.train.survivors). At most the step in flight is redone.
+                (raydl.train.survivors), which waits for a node when the dead worker's node is gone (elastic
+                runs too: raydl.driver.scaling_policy). At most the step in flight is redone.
   full restart  pipelines and FSDP/replicate (a worker holds what no other has), a single worker,
                 scaling.survivors=off, or torchft missing: Ray restarts the whole group, which resumes from the
                 last checkpoint and redoes the steps since.

@@ -1,6 +1,7 @@
 """The survivors path (issue 25): a data-parallel run whose worker is SIGKILLed goes on in the other worker's
 process, at 1 worker with twice the accumulation, until Ray's replacement joins and copies it; the step in
-flight is the only one redone, and every sample is still taken exactly once per epoch.
+flight is the only one redone, and every sample is still taken exactly once per epoch. A lost node: the same
+without a restart of the group, the replacement waiting for a node to be added.
 
 On a multi-node Ray cluster on this machine (tests/ray/fault_harness.py): a 1-CPU head and one 1-CPU node, the
 default tiny GPT on the built-in task (3840 train rows = 60 steps of 64 per epoch), the fault from outside.
@@ -62,5 +63,51 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
     cfg = load_config(None, overrides)
     ids, every = committed_ids(ledger(run)), epoch_ids(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)))
     assert sorted(ids) == [0, 1, 2, 3]
+    for epoch, taken in ids.items():
+        assert sorted(taken) == every, f"epoch {epoch}: {len(taken)} ids taken, {len(set(taken))} distinct"
+
+
+def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(cluster, data_cache, tmp_path):
+    """An elastic run (1..2 workers) loses the node of one worker without notice: no group restart (Ray would
+    restart smaller: raydl.driver.scaling_policy.SurvivorsElasticPolicy keeps the size, so Ray replaces the
+    worker instead), the survivor trains on at world size 1, and the replacement, waiting for a place, joins
+    when a node is added. The ledger: every sample once per epoch, at most the step in flight redone."""
+    from raydl.bench.recovery import start_at_two_workers
+
+    cluster.resize(1)
+    steps = 480   # the survivor alone must not finish before the replacement joins on a busy machine
+    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={steps}",
+                 f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
+                 "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2",
+                 "scaling.min_workers=1", "scaling.max_workers=2", f"debug.ledger_dir={tmp_path / 'ledger'}"]
+    run = start_at_two_workers(tmp_path, overrides, cluster.address, {}, tmp_path / "ledger")
+    try:
+        run.wait_step(30, deadline_s=300)
+        before = run.workers(2)
+        t_loss, at = time.monotonic(), run.step()
+        cluster.remove(cluster.nodes[0], graceful=False)
+        run.wait_for("a step at world size 1", lambda: run.step() > at and run.world_size() == 1, 60)
+        smaller = time.monotonic() - t_loss
+        survivors = train_workers()
+        assert len(survivors) == 1 and survivors[0] in before, (before, survivors)
+        t_add = time.monotonic()
+        cluster.add()
+        cluster.cluster.wait_for_nodes()
+        run.wait_for("a step at world size 2 again", lambda: run.world_size() == 2, 180)
+        grown = time.monotonic() - t_add
+        after = train_workers()
+        assert survivors[0] in after and len(set(after) - set(before)) == 1, (before, after)
+        summary = run.finish(deadline_s=600)
+    finally:
+        run.stop()
+    print(f"[survivors] node lost at step {at}: a step at 1 worker {smaller:.1f} s later; "
+          f"node added: back at 2 workers {grown:.1f} s later")
+    assert summary["steps"] == steps and summary["restarts"] == [], summary["restarts"]
+    sizes = [r["world_size"] for r in run.records()]
+    assert sizes[-1] == 2 and 1 in sizes
+    assert steps_redone(tmp_path / "ledger") <= 1
+    cfg = load_config(None, overrides)
+    ids, every = committed_ids(tmp_path / "ledger"), epoch_ids(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)))
+    assert sorted(ids) == list(range(steps // 60))
     for epoch, taken in ids.items():
         assert sorted(taken) == every, f"epoch {epoch}: {len(taken)} ids taken, {len(set(taken))} distinct"

@@ -78,3 +78,47 @@ def test_dead_unknown_and_silent_nodes_are_not_counted_for_a_restart():
         reserved = {"up": {"CPU": 1.0}, "gcs_dead": {"CPU": 1.0}, "raylet_gone": {"CPU": 1.0}, "unknown": {"CPU": 2.0}}
         nodes = [node("up", True, port), node("gcs_dead", False, port), node("raylet_gone", True, dead_port)]
         assert live_only(reserved, nodes, raylet_answers) == {"up": {"CPU": 1.0}}
+
+
+def test_survivors_policy_keeps_the_size_while_it_replaces_and_never_shrinks_by_a_restart():
+    """Ray replaces failed replica groups alone only at the same worker count: after a failure of some workers
+    the survivors path's policy decides the group's size (the replacement waits for a node), after a failure of
+    all of them it sizes the group as Ray's elastic policy does."""
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
+    from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from raydl.driver.scaling_policy import SurvivorsElasticPolicy, replaces_alone
+
+    one_died = WorkerGroupError("rank 1 died", {1: RuntimeError("node lost")})
+    both_died = WorkerGroupError("all died", {0: RuntimeError("x"), 1: RuntimeError("y")})
+    assert replaces_alone(one_died, 2) and not replaces_alone(both_died, 2) and not replaces_alone(one_died, None)
+    assert not replaces_alone(ControllerError(RuntimeError("start failed")), 2)
+
+    class Requests:   # Ray's autoscaling-coordinator client: the policy keeps asking for max_workers
+        sent = 0
+
+        def maybe_send_resource_request(self, scaling_config, num_workers):
+            self.sent = num_workers
+
+    policy = SurvivorsElasticPolicy(ScalingConfig(num_workers=(1, 2)))
+    policy._coordinator_client = Requests()
+    policy.on_controller_start_worker_group(scaling_config=policy.scaling_config, num_workers=2)
+    policy.after_controller_state_update(RunningState(), RestartingState(training_failed_error=one_died))
+    assert policy.make_decision_for_non_running_worker_group() == ResizeDecision(2, {"CPU": 1.0})
+    assert policy._coordinator_client.sent == 2
+    policy.after_controller_state_update(RestartingState(one_died), RunningState())
+    assert not policy._replacing
+    policy.after_controller_state_update(RunningState(), RestartingState(training_failed_error=both_died))
+    assert not policy._replacing   # a restart of the whole group: Ray's elastic sizing
+
+    class Group:
+        num_workers, start_time = 2, float("-inf")
+
+    policy._get_reserved_resources = lambda: {"head": {"CPU": 1.0}}   # one worker fits
+    assert policy.make_decision_for_running_worker_group(Group(), None) == NoopDecision()
+    policy._latest_monitor_time = float("-inf")
+    policy._get_reserved_resources = lambda: {"head": {"CPU": 1.0}, "new": {"CPU": 1.0}}
+    Group.num_workers = 1
+    assert policy.make_decision_for_running_worker_group(Group(), None) == ResizeDecision(2, {"CPU": 1.0})
