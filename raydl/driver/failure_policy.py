@@ -8,11 +8,13 @@ This policy decides RAISE for those at once and leaves every other decision to R
 
 from __future__ import annotations
 
+from ray.exceptions import RayActorError
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy
 from ray.train.v2.api.exceptions import WorkerGroupError
 
+from raydl.driver.finished_watch import FinishedRunWatch
 from raydl.driver.late_start import LateCleanerCallback, watcher_started_late
 from raydl.driver.scaling_policy import LiveNodesElasticPolicy, SurvivorsElasticPolicy
 from raydl.errors import raydl_error_in
@@ -41,15 +43,26 @@ class RaydlTrainer(TorchTrainer):
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
         controller_init_kwargs["failure_policy"] = FailFastOnRaydlErrors(controller_init_kwargs["failure_policy"])
+        survivors = self.backend_config.backend_cls.has_replica_groups
         if isinstance(controller_init_kwargs["scaling_policy"], ElasticScalingPolicy):
-            survivors = self.backend_config.backend_cls.has_replica_groups
             controller_init_kwargs["scaling_policy"] = (SurvivorsElasticPolicy if survivors else
                                                         LiveNodesElasticPolicy)(self.scaling_config)
-        with watcher_started_late(controller_init_kwargs["callbacks"]):
-            return super()._initialize_and_run_controller(**controller_init_kwargs)
+        if not survivors:
+            with watcher_started_late(controller_init_kwargs["callbacks"]):
+                return super()._initialize_and_run_controller(**controller_init_kwargs)
+        self.finished_watch = FinishedRunWatch(self.run_dir)
+        with watcher_started_late(controller_init_kwargs["callbacks"]), self.finished_watch:
+            try:
+                return super()._initialize_and_run_controller(**controller_init_kwargs)
+            except RayActorError:
+                if not self.finished_watch.ended_run:
+                    raise
+                return finished_result(self.run_dir)
 
     private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)
     metrics_sink = None   # build_trainer's sink actor: its console lines are printed here while the run trains
+    run_dir = None        # build_trainer's run directory (where the sink writes summary.json)
+    finished_watch = None
 
     def fit(self):
         from raydl.metrics.sink import relay_lines
@@ -88,4 +101,20 @@ class RaydlTrainer(TorchTrainer):
         return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)] + late_cleaner
 
     def _register_sigint_handler(self, controller) -> None:
-        """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.driver.stop`) checkpoints first."""
+        """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.driver.stop`) checkpoints first. (Called with
+        the controller once it exists: the survivors path's FinishedRunWatch may have to stop it.)"""
+        if self.finished_watch is not None:
+            self.finished_watch.controller = controller
+
+
+def finished_result(run_dir):
+    """What `fit` returns for a run FinishedRunWatch ended: its last checkpoint, as Ray's Result would name it."""
+    from types import SimpleNamespace
+
+    from ray.train import Checkpoint
+
+    from raydl.driver.prepare import checkpoints_location
+    from raydl.train import checkpoint as ckpt
+
+    latest = ckpt.find_latest(checkpoints_location(str(run_dir)))
+    return SimpleNamespace(checkpoint=Checkpoint(str(latest)) if latest else None)

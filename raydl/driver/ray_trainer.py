@@ -182,6 +182,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     )
     trainer.private_ray = os.environ.get(PRIVATE_RAY_ENV) == "1"
     trainer.metrics_sink = sink   # the actor lives as long as a handle to it does
+    trainer.run_dir = run.run_dir
     trainer.state_holder = holder
     return trainer
 

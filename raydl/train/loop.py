@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from raydl import log as raydl_log
+from raydl import storage
 from raydl.config import JobConfig
 from raydl.data.dataset import open_dataset
 from raydl.data.ledger import Ledger
@@ -294,8 +295,8 @@ def evaluate(w: Worker) -> dict[str, float]:
 
 
 def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
-    if w.survivors and w.session.rank != 0:
-        return   # replicas hold the same state: rank 0 writes the whole checkpoint (its torch group is itself)
+    if w.survivors and not w.leads:
+        return   # replicas hold the same state: the leader writes the whole checkpoint (its torch group is itself)
     extra = {"model": w.fingerprint, "layout": w.engine.layout.to_dict(),
              "scaler": w.scaler.state_dict() if w.scaler else None,
              "lr": lr_at(state.step, w.cfg.train, w.total_steps),
@@ -336,6 +337,10 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
                            else "cpu")   # the driver prices device-hours by it
     if checkpoint_due or preempted or agreed.stop_signum:
         w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
+    elif w.survivors and w.leads and state.step == w.total_steps:   # the group's is waiting for a replacement
+        location = storage.join(*storage.run_checkpoints(w.cfg.checkpoint.storage_path, w.job["run_dir"],
+                                                         w.job["run_id"]))
+        w.session.save_alone(state.step, message, lambda path: save_checkpoint(w, state, path), location)
     else:
         w.session.report(message)
     return agreed

@@ -139,6 +139,21 @@ class RaySession:
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
+    def save_alone(self, step: int, report: WorkerReport, save_fn, location: str) -> None:
+        """The survivors path's last checkpoint while a replacement is still missing. Ray's report is a barrier of
+        every worker, which the missing one would never reach; the leader is a whole replica (its process group
+        is itself), so it writes the checkpoint straight to the run's checkpoint location, state file last, where
+        the run's summary and `raydl train --resume` find it (Ray's registry of checkpoints does not)."""
+        d = tempfile.mkdtemp(prefix="raydl-ckpt-")
+        try:
+            save_fn(d)
+            target = storage.join(location, ckpt.checkpoint_name(step))
+            ckpt.upload_shards(d, target, rank=0)
+            ckpt.upload_last(d, target)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        self._send(report)   # after the checkpoint: the run's summary (and its end) follows this report
+
     def _unused_name(self, step: int) -> str:
         """step_N, or step_N.2, .3, ... when step N is redone after a fallback past a corrupt checkpoint N.
 

@@ -8,10 +8,10 @@ Each worker's peak RSS (after building and loading, and over the whole run) and 
 written to measurements.json and printed.
 
 CI runs it at examples/random_llama.py's "small" size (Llama 3.2 1B's shape, 8M parameters: minutes); the real
-size is `RAYDL_HF_E2E_SIZE=llama-3.2-1b pytest tests/dist/test_hf_llama_1b.py`: more than 30 minutes on 2 cores and
-~21 GiB of free memory (at dp=2 FSDP in fp32 a worker held 9.4 GiB when the OOM killer stopped it on a busy 23 GiB
-machine: its half of the parameters and gradients, 5.6 GiB, plus the 1 GiB head's all-gathered weight and unsharded
-gradient, each with a gloo copy), so not in CI's 40 minutes. On a shared machine run it alone
+size is `RAYDL_HF_E2E_SIZE=llama-3.2-1b pytest tests/dist/test_hf_llama_1b.py`: 10 minutes on 2 cores and ~19 GiB of
+free memory (each dp=2 FSDP worker peaks at 9.1 GiB: 1.5 at its start, its half of the parameters and gradients, 5.6
+GiB, the 1 GiB head's all-gathered weight and unsharded gradient; benchmarks/results/hf-llama-1b-e2e-cpu.json), so
+not in CI's 40 minutes. On a shared machine run it alone
 (`flock /tmp/raydl-bigmem.lock pytest ...`); its workers ask the OOM killer to take them first. The bounds on each
 worker's memory and on the export's are checked at the real size only: at the small one they are below the
 processes' own noise."""

@@ -71,7 +71,9 @@ def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(
     """An elastic run (1..2 workers) loses the node of one worker without notice: no group restart (Ray would
     restart smaller: raydl.driver.scaling_policy.SurvivorsElasticPolicy keeps the size, so Ray replaces the
     worker instead), the survivor trains on at world size 1, and the replacement, waiting for a place, joins
-    when a node is added. The ledger: every sample once per epoch, at most the step in flight redone."""
+    when a node is added. Then a node is lost for good: the survivor finishes the run alone, and the run ends
+    although Ray still waits to place the replacement (raydl.driver.finished_watch). The ledger: every sample
+    once per epoch, at most the step in flight redone at each loss."""
     from raydl.bench.recovery import start_at_two_workers
 
     cluster.resize(1)
@@ -97,15 +99,19 @@ def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(
         grown = time.monotonic() - t_add
         after = train_workers()
         assert survivors[0] in after and len(set(after) - set(before)) == 1, (before, after)
+        t_gone = time.monotonic()
+        cluster.remove(cluster.nodes[0], graceful=False)   # the newcomer's node; none comes back
         summary = run.finish(deadline_s=600)
+        ended = time.monotonic() - t_gone
     finally:
         run.stop()
     print(f"[survivors] node lost at step {at}: a step at 1 worker {smaller:.1f} s later; "
-          f"node added: back at 2 workers {grown:.1f} s later")
+          f"node added: back at 2 workers {grown:.1f} s later; a node lost for good: the run ended {ended:.1f} s later")
     assert summary["steps"] == steps and summary["restarts"] == [], summary["restarts"]
+    assert summary["checkpoint"] and summary["checkpoint"].endswith(f"step_{steps:08d}"), summary["checkpoint"]
     sizes = [r["world_size"] for r in run.records()]
-    assert sizes[-1] == 2 and 1 in sizes
-    assert steps_redone(tmp_path / "ledger") <= 1
+    assert sizes[-1] == 1 and 2 in sizes[sizes.index(1):], sizes   # 2, then 1, then 2 again, then 1
+    assert steps_redone(tmp_path / "ledger") <= 2
     cfg = load_config(None, overrides)
     ids, every = committed_ids(tmp_path / "ledger"), epoch_ids(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)))
     assert sorted(ids) == list(range(steps // 60))
