@@ -108,13 +108,13 @@ class RaydlTrainer(TorchTrainer):
 
 
 def finished_result(run_dir):
-    """What `fit` returns for a run FinishedRunWatch ended: its last checkpoint, as Ray's Result would name it."""
-    from types import SimpleNamespace
-
+    """What `fit` returns for a run FinishedRunWatch ended: Ray's Result, naming the run's last checkpoint."""
     from ray.train import Checkpoint
+    from ray.train.v2.api.result import Result
 
     from raydl.driver.prepare import checkpoints_location
     from raydl.train import checkpoint as ckpt
 
-    latest = ckpt.find_latest(checkpoints_location(str(run_dir)))
-    return SimpleNamespace(checkpoint=Checkpoint(str(latest)) if latest else None)
+    location = checkpoints_location(str(run_dir))
+    latest = ckpt.find_latest(location)
+    return Result(metrics=None, checkpoint=Checkpoint(str(latest)) if latest else None, error=None, path=location)

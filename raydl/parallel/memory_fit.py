@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.parallel import constraints, memory
 from raydl.parallel.memory import ModelMemory, Setting
-from raydl.parallel.mesh import Layout, batch_split
+from raydl.parallel.batching import batch_split
+
+if TYPE_CHECKING:
+    from raydl.parallel.mesh import Layout
 
 __all__ = ["predict_memory", "peak_with", "check_memory"]
 
@@ -37,10 +41,10 @@ def check_memory(layout: Layout, cfg: JobConfig, model_memory: ModelMemory, *, m
     if need <= memory_bytes:
         return
     where = f" (pipeline rank {prediction.fullest})" if layout.pp > 1 else ""
-    fitting = _fitting_layouts(cfg, model_memory, layout.world_size, setting, memory_bytes, device_type)
+    fitting = _fitting_layouts(cfg, model_memory, layout, layout.world_size, setting, memory_bytes, device_type)
     hint = ("; ".join(fitting) if fitting else
             f"none of the {layout.world_size}-worker layouts fits; "
-            f"{_more_workers(cfg, model_memory, layout.world_size, setting, memory_bytes, device_type)}, "
+            f"{_more_workers(cfg, model_memory, layout, setting, memory_bytes, device_type)}, "
             f"a smaller train.micro_batch_size or model, or a larger scaling.memory_per_worker_gb where the workers "
             f"have that memory")
     raise LayoutError(
@@ -66,10 +70,10 @@ def _layout_words(layout: Layout, ac: bool | None = None) -> str:
     return words + (" with activation checkpointing" if ac else "")
 
 
-def _fitting_layouts(cfg: JobConfig, model_memory: ModelMemory, world_size: int, setting: Setting,
+def _fitting_layouts(cfg: JobConfig, model_memory: ModelMemory, refused: Layout, world_size: int, setting: Setting,
                      memory_bytes: int, device_type: str, limit: int = 4) -> list[str]:
     """The leanest layouts of `world_size` workers that fit, as settings to pass: every pp raydl could cut,
-    every data-parallel wrapper, with and without activation checkpointing."""
+    every data-parallel wrapper, with and without activation checkpointing (each a copy of the `refused` one)."""
     num_blocks = len(model_memory.blocks)
     found = []
     for pp in (d for d in constraints.divisors(world_size) if d <= num_blocks):
@@ -82,8 +86,8 @@ def _fitting_layouts(cfg: JobConfig, model_memory: ModelMemory, world_size: int,
                                        num_microbatches=cfg.parallel.num_microbatches if pp > 1 else 0)
         except LayoutError:
             continue
-        base = Layout(world_size=world_size, dp=world_size // pp, pp=pp, micro_batch=micro, num_microbatches=m,
-                      schedule=schedule)
+        base = replace(refused, world_size=world_size, dp=world_size // pp, pp=pp, micro_batch=micro,
+                       num_microbatches=m, schedule=schedule, stage_cuts=(), dp_wrapper="none", dp_wrapper_reason="")
         wrappers = ["none"] if base.dp == 1 else ["fsdp", "ddp" if pp == 1 else "replicate"]
         for wrapper in wrappers:
             for ac in (False, True):
@@ -95,11 +99,11 @@ def _fitting_layouts(cfg: JobConfig, model_memory: ModelMemory, world_size: int,
     return [f"{fix} ({need} GiB)" for _, fix, need in found[:limit]]
 
 
-def _more_workers(cfg: JobConfig, model_memory: ModelMemory, world_size: int, setting: Setting, memory_bytes: int,
+def _more_workers(cfg: JobConfig, model_memory: ModelMemory, refused: Layout, setting: Setting, memory_bytes: int,
                   device_type: str, most: int = 1024) -> str:
     """The fewest workers that fit with FSDP2 (the layout that divides everything over dp)."""
-    for size in range(world_size + 1, most + 1):
-        if _fitting_layouts(cfg, model_memory, size, setting, memory_bytes, device_type, limit=1):
+    for size in range(refused.world_size + 1, most + 1):
+        if _fitting_layouts(cfg, model_memory, refused, size, setting, memory_bytes, device_type, limit=1):
             return f"{size} workers would fit (scaling.min_workers/max_workers={size})"
     return f"no number of workers up to {most} fits"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from raydl.config import JobConfig
 from raydl.errors import ConfigError, LayoutError
-from raydl.parallel.mesh import batch_split
+from raydl.parallel.batching import batch_split
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def plan(
     arguments, and choose the fitting one with the lowest predicted step time (ties: smaller pp, then
     1f1b before gpipe, then fewer micro-batches, i.e. larger and more efficient ones).
     With `allow_smaller_batch` (an elastic run) a candidate whose dp does not divide the global batch
-    trains the closest smaller one, as `mesh.batch_split` does; the largest global batch wins first.
+    trains the closest smaller one, as `batching.batch_split` does; the largest global batch wins first.
     Returns (chosen, all candidates sorted: fitting first, best first)."""
     require_positive(world_size=world_size, global_batch=global_batch, device_memory_bytes=device_memory_bytes)
     request = _Request(world_size, global_batch, device_memory_bytes, pp, schedule, num_microbatches,

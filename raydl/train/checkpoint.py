@@ -89,6 +89,8 @@ def upload_last(local: str | Path, location: str) -> None:
 
 def _upload(local: Path, location: str, names: list[str]) -> None:
     fs, path = storage.resolve(location, "checkpoint.storage_path")
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path, recursive=True)   # an object store has no directories to make
     for name in names:
         pafs.copy_files(str(local / name), f"{path}/{name}", source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=fs)

@@ -301,7 +301,8 @@ def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
              "scaler": w.scaler.state_dict() if w.scaler else None,
              "lr": lr_at(state.step, w.cfg.train, w.total_steps),
              "saved_by_ranks": 1 if w.survivors else w.session.world_size}
-    ckpt.save(path, w.engine.model, w.optimizer, {**state.to_dict(), **extra}, rank=w.session.rank)
+    ckpt.save(path, w.engine.model, w.optimizer, {**state.to_dict(), **extra},
+              rank=0 if w.survivors else w.session.rank)   # the leader's torch group is itself: it is rank 0 there
     w.last_checkpoint_step = state.step
 
 

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator
 import torch
 from raydl.config import JobConfig
 from raydl.data.order import DataPosition
-from raydl.parallel.mesh import Layout, batch_split
+from raydl.parallel.batching import batch_split
+from raydl.parallel.mesh import Layout
 from raydl.train.step import StepStats
 
 log = logging.getLogger(__name__)
