@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,9 +31,12 @@ def one_run(sets: list[str], threshold_kib: int) -> dict[str, float]:
     cmd = [sys.executable, "-m", "raydl.worker", "-q", "--run-dir", str(work / "run"), *(
         a for s in [*sets, f"train.host_mmap_threshold_kib={threshold_kib}", f"debug.memory_dir={work / 'mem'}"]
         for a in ("--set", s))]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    summary = json.loads((work / "run" / "summary.json").read_text())
-    marks = json.loads((work / "mem" / "memory-rank0.json").read_text())
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        summary = json.loads((work / "run" / "summary.json").read_text())
+        marks = json.loads((work / "mem" / "memory-rank0.json").read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)   # the run's checkpoints: a GB per run for a 100M model
     return {"step_rate": summary["step_rate"], "peak_rss_mib": marks["end_peak_mib"]}
 
 
