@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Callable
 
-POLL_S = 0.5
+POLL_S = 0.1   # a race with the core worker's own exit (see above): a local TCP connect costs ~0.1 ms
 PROBE_TIMEOUT_S = 1.0
 
 
