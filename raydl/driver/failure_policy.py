@@ -8,6 +8,8 @@ This policy decides RAISE for those at once and leaves every other decision to R
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from ray.exceptions import RayActorError
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
@@ -47,15 +49,12 @@ class RaydlTrainer(TorchTrainer):
         if isinstance(controller_init_kwargs["scaling_policy"], ElasticScalingPolicy):
             controller_init_kwargs["scaling_policy"] = (SurvivorsElasticPolicy if survivors else
                                                         LiveNodesElasticPolicy)(self.scaling_config)
-        if not survivors:
-            with watcher_started_late(controller_init_kwargs["callbacks"]):
-                return super()._initialize_and_run_controller(**controller_init_kwargs)
-        self.finished_watch = FinishedRunWatch(self.run_dir)
-        with watcher_started_late(controller_init_kwargs["callbacks"]), self.finished_watch:
+        self.finished_watch = FinishedRunWatch(self.run_dir) if survivors else None
+        with watcher_started_late(controller_init_kwargs["callbacks"]), self.finished_watch or nullcontext():
             try:
                 return super()._initialize_and_run_controller(**controller_init_kwargs)
             except RayActorError:
-                if not self.finished_watch.ended_run:
+                if self.finished_watch is None or not self.finished_watch.ended_run:
                     raise
                 return finished_result(self.run_dir)
 
