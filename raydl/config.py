@@ -130,6 +130,11 @@ class TrainSection:
                                             "a pipeline or CPU offload, else (DDP, one worker) glibc's default; "
                                             "0 = glibc's default.")
     grad_clip: float = _f(1.0, "Clip the global gradient norm to this value; 0 = off.")
+    optimizer_in_backward: bool = _f(False, "Step each parameter as soon as its gradient is final and free that "
+                                     "gradient, so a worker never holds all its gradients (FSDP2 fully_shard "
+                                     "across workers; one worker alone is not wrapped): saves about one copy of "
+                                     "the parameters it owns. Needs train.grad_clip=0, parallel.pp_degree=1 "
+                                     "and no fp16; full restarts only (no survivors path).")
     seed: int = _f(0, "Seed for model init, data order and dropout.")
     eval_every: int = _f(0, "Evaluate every N steps (0 = only at the end).")
     eval_batches: int = _f(8, "Micro-batches per evaluation on each worker.")
@@ -392,12 +397,32 @@ def validate(cfg: JobConfig) -> None:
     if isinstance(t.host_mmap_threshold_kib, str) and t.host_mmap_threshold_kib != "auto":
         raise ConfigError("train.host_mmap_threshold_kib", f"is {t.host_mmap_threshold_kib!r}",
                           "use 'auto', 0 (glibc's default) or a size in KiB up to 32768")
+    _check_in_backward(cfg)
     pp = cfg.parallel.pp_degree
     if not (pp == "auto" or (isinstance(pp, int) and pp >= 1)):
         raise ConfigError("parallel.pp_degree", f"is {pp!r}", "use a positive integer or 'auto'")
     if list(cfg.parallel.stage_cuts) != sorted(set(cfg.parallel.stage_cuts)):
         raise ConfigError("parallel.stage_cuts", f"{cfg.parallel.stage_cuts} is not strictly increasing",
                           "list the block index where each stage after the first begins, in order")
+
+
+def _check_in_backward(cfg: JobConfig) -> None:
+    """What the step in backward cannot do: a global norm before any step, a scaler's all-or-nothing skip, a
+    pipeline's per-micro-batch backward, a wrapper whose gradients are reduced after the hook (the survivors
+    path, torchft's, is ruled out where it is chosen: raydl.parallel.recovery)."""
+    if not cfg.train.optimizer_in_backward:
+        return
+    conflicts = {"train.grad_clip": (cfg.train.grad_clip != 0, "0"),
+                 "train.precision": (cfg.train.precision == "fp16", "bf16"),
+                 "parallel.pp_degree": (cfg.parallel.pp_degree != 1, "1"),
+                 "parallel.dp_wrapper": (cfg.parallel.dp_wrapper in ("ddp", "replicate"), "fsdp")}
+    for path, (conflict, fix) in conflicts.items():
+        if conflict:
+            section, key = path.split(".")
+            raise ConfigError(path, f"is {getattr(getattr(cfg, section), key)!r}, which train.optimizer_in_backward="
+                              f"true cannot work with: each parameter is stepped alone in backward, as soon as "
+                              f"FSDP2 has reduced its gradient", f"set --set {path}={fix}, or "
+                              f"--set train.optimizer_in_backward=false")
 
 
 def is_union(tp: Any) -> bool:

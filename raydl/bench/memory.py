@@ -77,7 +77,7 @@ def write_llama(directory: Path, meta: dict[str, Any]) -> Path:
     return directory
 
 
-def predicted(overrides: list[str], data_cache: Path) -> dict[str, Any]:
+def predicted(overrides: list[str], data_cache: Path, device_type: str = "cpu") -> dict[str, Any]:
     """The prediction for this config, per pipeline rank (MiB), what building holds, and the model's fp32 size."""
     import torch
 
@@ -96,7 +96,7 @@ def predicted(overrides: list[str], data_cache: Path) -> dict[str, Any]:
         model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     mm = model_memory(model, chosen.spec, info.meta)
     layout = Layout.from_config(cfg, cfg.scaling.max_workers, num_blocks=len(mm.blocks), model_memory=mm)
-    p = predict_memory(layout, mm, Setting.from_config(cfg, "cpu"))
+    p = predict_memory(layout, mm, Setting.from_config(cfg, device_type))
     share = build_bytes(mm, dp=layout.dp, pp=layout.pp, schedule=layout.schedule, stage_cuts=layout.stage_cuts,
                         wrapper=layout.dp_wrapper)
     return {"peak_mib_by_pp_rank": [b / 2**20 for b in p.rank_peak_bytes], "breakdown": p.breakdown(),
@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=[m for m in MODELS if m != "gpt-tiny"], choices=list(MODELS))
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     p.add_argument("--tiny-repeats", type=int, default=0, help="Runs of the tiny baseline per layout (0 = --repeats).")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="More overrides for every run and its prediction (e.g. train.optimizer_in_backward=true).")
     args = harness.parse_args(p, argv)
     session = harness.Session("memory", args)
     work = Path(tempfile.mkdtemp(prefix="raydl-bench-mem-", dir="/tmp"))
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for layout in args.layouts:
-            base = [*COMMON, f"data.cache_dir={data}", *LAYOUTS[layout]]
+            base = [*COMMON, f"data.cache_dir={data}", *LAYOUTS[layout], *args.overrides]
             tiny_runs = [train_once(work, [*base, *MODELS["gpt-tiny"]], need=0)
                          for _ in range(args.tiny_repeats or args.repeats)]
             tiny = harness.summarize(tiny_runs)

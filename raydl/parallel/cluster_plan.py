@@ -307,7 +307,8 @@ def _timed(measured: Measured, cfg: JobConfig, candidate: Candidate, node_type: 
     profile = measured.profile
     model_bytes = sum(b.param_bytes for b in profile.blocks)
     wrapper, _ = choose_dp_wrapper(cfg.parallel.dp_wrapper, dp=candidate.dp, pp=candidate.pp,
-                                   param_bytes=model_bytes, memory_bytes=node_type.memory_bytes)
+                                   param_bytes=model_bytes, memory_bytes=node_type.memory_bytes,
+                                   in_backward=cfg.train.optimizer_in_backward)
     sharded_over = candidate.dp if wrapper == "fsdp" else 1
     optimizer_s = measured.optimizer_s * rank_param_bytes(candidate, profile) / model_bytes / sharded_over
     comm_s = dp_traffic_s(candidate, profile, wrapper, link)

@@ -18,6 +18,9 @@ fully_shard; parameters stay fp32 masters in every precision):
                  activation checkpointing only the blocks' inputs plus one block recomputed; the loss keeps its
                  log-probabilities and its gradient (the last stage)
     step         the optimizer step's temporaries: adamw (foreach) one more owned-parameter-sized buffer
+With train.optimizer_in_backward no gradient outlives its parameter's step: grads and step become the gradients
+in flight (one block's shard under fully_shard, else the largest tensor) and their step's temporaries, counted
+with the activations.
 peak = weights + grads + optimizer + ddp buckets + max(unsharded + casts + activations, step). That is an upper
 bound where grads and activations overlap least (gradients appear as activations are freed). The process itself
 (interpreter, torch, the Ray worker) is `RUNTIME_BYTES` more, counted when checking a budget, not in `peak`.
@@ -79,12 +82,13 @@ class Setting:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     device_type: str = "cpu"
+    optimizer_in_backward: bool = False
 
     @classmethod
     def from_config(cls, cfg, device_type: str) -> "Setting":
         return cls(precision=cfg.train.precision, optimizer=cfg.train.optimizer, momentum=cfg.train.momentum,
                    activation_checkpointing=cfg.model.activation_checkpointing, cpu_offload=cfg.train.cpu_offload,
-                   device_type=device_type)
+                   device_type=device_type, optimizer_in_backward=cfg.train.optimizer_in_backward)
 
     @property
     def optimizer_states(self) -> float:
@@ -178,7 +182,19 @@ def _rank_parts(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], 
     parts["activations"] = _activations(model, rank, stages, pp=pp, micro_batch=micro_batch, m=m, schedule=schedule,
                                         setting=setting)
     parts["step"] = owned * STEP_TEMPORARIES[setting.optimizer] * (0 if offloaded else 1)
+    if setting.optimizer_in_backward:   # each gradient freed by its own step, during backward
+        in_flight = _gradients_in_flight(blocks, dp=dp if fsdp else 1)
+        parts["grads"] = parts["step"] = 0
+        parts["activations"] += in_flight * (1 + STEP_TEMPORARIES[setting.optimizer])
     return {name: math.ceil(value) for name, value in parts.items()}, offloaded
+
+
+def _gradients_in_flight(blocks: list[BlockMemory], *, dp: int) -> float:
+    """The gradients alive at once when each is stepped and freed in backward: fully_shard reduces a block's at
+    once into one buffer, freed when its last parameter has stepped; unwrapped, one tensor's at a time."""
+    if dp > 1:
+        return max(b.param_bytes for b in blocks) / dp
+    return max(b.largest_tensor_bytes for b in blocks)
 
 
 def _activations(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], *, pp: int, micro_batch: int,

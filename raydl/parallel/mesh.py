@@ -73,7 +73,8 @@ class Layout:
         predicted = None if model_memory is None else functools.partial(
             peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
         wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
-                                         memory_bytes=memory_bytes, predicted=predicted)
+                                         memory_bytes=memory_bytes, predicted=predicted,
+                                         in_backward=cfg.train.optimizer_in_backward)
         layout = replace(layout, dp_wrapper=wrapper, dp_wrapper_reason=why)
         validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper,
                  cpu_offload=cfg.train.cpu_offload)

@@ -54,6 +54,8 @@ def _blocker(cfg: JobConfig, *, torchft: bool) -> str | None:
         return f"pipelines restart whole (parallel.pp_degree={p.pp_degree})"
     if p.dp_wrapper in ("fsdp", "replicate"):
         return f"parallel.dp_wrapper={p.dp_wrapper} shards state over the group; set ddp or auto"
+    if t.optimizer_in_backward:
+        return "train.optimizer_in_backward steps inside fully_shard's backward, before any peer could be missed"
     if s.max_workers < 2:
         return "a single worker has no survivors"
     if s.max_failures == 0:

@@ -23,18 +23,22 @@ WRAPPER_NAMES = {"ddp": "DDP", "replicate": "FSDP2 replicate", "fsdp": "FSDP2 fu
 
 def choose_dp_wrapper(requested: str, *, dp: int, pp: int, param_bytes: int, memory_bytes: int,
                       optimizer_bytes_per_param_byte: float = 2.0,
-                      predicted: Callable[[str], int] | None = None) -> tuple[str, str]:
+                      predicted: Callable[[str], int] | None = None, in_backward: bool = False) -> tuple[str, str]:
     """(wrapper, why) for one worker group: "none" without data parallelism, else ddp, replicate or fsdp.
 
     `predicted(wrapper)`: the fullest worker's predicted peak with that wrapper (`raydl.parallel.memory`, the
     process included); with it, the unsharded wrapper is chosen when its whole peak fits the memory per worker.
     Without it, params + grads + optimizer states must fit in FIT_SHARE of it.
+    `in_backward` (train.optimizer_in_backward): fully_shard, the wrapper that reduces each gradient before its
+    parameter's step hook runs.
     `why` is a phrase for people that goes after the wrapper's name ("DDP: params + grads + ... fit in ...").
     """
     if dp == 1:
         return "none", "one data-parallel replica: no wrapper"
     if requested != "auto":
         return requested, "set by parallel.dp_wrapper"
+    if in_backward:
+        return "fsdp", "train.optimizer_in_backward: fully_shard calls the step when a gradient is reduced"
     unsharded = "ddp" if pp == 1 else "replicate"
     if predicted is not None and memory_bytes:
         need = predicted(unsharded)

@@ -27,7 +27,7 @@ from raydl.parallel.pipeline import forward_chain, pipeline_model
 from raydl.parallel.memory_probe import model_memory
 from raydl.parallel.profile import memory_budget, shared_profile
 from raydl.train import step as train_step
-from raydl.train.optim import clip_grad_norm
+from raydl.train.optim import StepInBackward, clip_grad_norm
 from raydl.train.precision import autocast
 from raydl.train.step import StepStats
 
@@ -60,16 +60,23 @@ class DataParallelEngine:
                                          materialize=materializer(init, param_device(cfg, self.device)),
                                          precision=self.precision,
                                          cpu_offload=cfg.train.cpu_offload)
+        self.in_backward: StepInBackward | None = None
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
 
+    def step_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
+        """From now on `optimizer` steps each parameter in backward (train.optimizer_in_backward)."""
+        self.in_backward = StepInBackward(optimizer, self.device)
+
     def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
         batches = train_step.micro_batches(tensors, self.layout.num_microbatches)
         return train_step.forward_backward(self.model, self.spec, batches, precision=self.precision,
-                                           device=self.device, scaler=scaler)
+                                           device=self.device, scaler=scaler, in_backward=self.in_backward)
 
     def clip(self, max_norm: float) -> Callable[[], torch.Tensor]:
+        if self.in_backward:   # the gradients are gone: their norm was summed as they went by (max_norm is 0)
+            return self.in_backward.grad_norm
         return lambda: clip_grad_norm(self.model.parameters(), max_norm)
 
     def evaluate(self, batches, *, precision: str) -> dict[str, Any]:

@@ -165,6 +165,8 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     return_large_blocks(threshold_for(cfg.train.host_mmap_threshold_kib, wrapper=layout.dp_wrapper, pp=layout.pp,
                                       cpu_offload=cfg.train.cpu_offload))
     optimizer = build_optimizer(engine.parameters(), cfg.train)
+    if cfg.train.optimizer_in_backward:
+        engine.step_in_backward(optimizer)
     scaler = make_scaler(cfg.train.precision, session.device)
     memory.mark("built", layout=engine.layout.to_dict(), coords=engine.layout.coords(session.rank))
     total_steps = cfg.train.max_steps or cfg.train.max_epochs * epoch_steps(info, layout.global_batch)

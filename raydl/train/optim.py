@@ -1,4 +1,5 @@
-"""Optimizer, learning-rate schedule (a pure function of the step) and gradient clipping."""
+"""Optimizer, learning-rate schedule (a pure function of the step), gradient clipping, and the optimizer step
+taken in backward (train.optimizer_in_backward)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,49 @@ def clip_grad_norm(params, max_norm: float, *, pp_group=None) -> torch.Tensor:
     if max_norm > 0 and grads:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+class StepInBackward:
+    """Steps each parameter as soon as its gradient is final, then drops that gradient, so no rank ever holds all
+    of its gradients at once (train.optimizer_in_backward; torchtitan's "optimizer in backward").
+
+    The gradient is final when FSDP2 has reduce-scattered it (fully_shard calls the parameters' post-accumulate-
+    grad hooks only on the micro-batch that synchronizes) or, on one unwrapped worker, when autograd accumulated
+    it on the last micro-batch (`armed`). The one optimizer keeps every state, keyed by parameter as usual, so
+    checkpoints, the state holder and resumes see an ordinary optimizer. Its global gradient norm (no clipping:
+    that would need every gradient at once) is summed as the gradients go by and reduced once per step.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device):
+        self.optimizer = optimizer
+        self.armed = True
+        # Indices, not the groups: loading a checkpoint replaces the optimizer's group dicts.
+        self._group_of = {p: i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        self._squares = torch.zeros((), device=device)
+        self._handles = [p.register_post_accumulate_grad_hook(self._step) for p in self._group_of]
+
+    def _step(self, param: torch.Tensor) -> None:
+        if not self.armed:
+            return
+        grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+        self._squares += torch.linalg.vector_norm(grad, dtype=torch.float32) ** 2
+        everything = self.optimizer.param_groups
+        # The optimizer steps the parameters of its groups that have gradients: a group of this one alone, with
+        # the hyper-parameters (the lr of this step included) of the group it belongs to.
+        self.optimizer.param_groups = [{**everything[self._group_of[param]], "params": [param]}]
+        try:
+            self.optimizer.step()
+        finally:
+            self.optimizer.param_groups = everything
+        param.grad = None
+
+    def grad_norm(self) -> torch.Tensor:
+        """The step's global gradient norm over every shard; resets for the next step."""
+        total, self._squares = self._squares, torch.zeros_like(self._squares)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(total)
+        return total.sqrt()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()

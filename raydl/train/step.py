@@ -14,6 +14,7 @@ from torch import nn
 from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import gradient_sync
 from raydl.telemetry.profiler import phase
+from raydl.train.optim import StepInBackward
 from raydl.train.precision import autocast
 
 
@@ -41,11 +42,15 @@ def micro_batches(tensors: dict[str, torch.Tensor], num: int) -> list[dict[str, 
 
 
 def forward_backward(model: nn.Module, spec: ModelSpec, batches: list[dict[str, torch.Tensor]], *,
-                     precision: str, device: torch.device, scaler) -> StepStats:
+                     precision: str, device: torch.device, scaler, in_backward: StepInBackward | None = None) -> StepStats:
+    """`in_backward`: the optimizer steps each parameter during the last micro-batch's backward."""
     losses = []
     for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        if in_backward:
+            in_backward.armed = last
         inputs, targets = (t.to(device, non_blocking=True) for t in spec.inputs_targets(batch))
-        with gradient_sync(model, enabled=i == len(batches) - 1), autocast(precision, device), phase("forward"):
+        with gradient_sync(model, enabled=last), autocast(precision, device), phase("forward"):
             loss = spec.loss(model(inputs), targets)
         # Mean over micro-batches here, mean over replicas in the DP all-reduce: the full-batch gradient.
         scaled = loss / len(batches)
@@ -56,7 +61,8 @@ def forward_backward(model: nn.Module, spec: ModelSpec, batches: list[dict[str, 
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler, *, clip) -> torch.Tensor:
-    """Unscale (fp16), clip, step, zero. `clip()` returns the global grad norm (a device scalar)."""
+    """Unscale (fp16), clip, step, zero. `clip()` returns the global grad norm (a device scalar). With the step
+    taken in backward no gradient is left here: step and zero find nothing to do."""
     if scaler:
         scaler.unscale_(optimizer)
     grad_norm = clip()

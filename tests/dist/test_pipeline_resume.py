@@ -24,7 +24,8 @@ STEPS = 4
 
 def _train(rank: int, world_size: int, overrides: list[str], data_path: str, run_dir: str) -> None:
     cfg = load_config(None, overrides)
-    train_worker({"config": cfg.to_dict(), "data_path": data_path, "run_dir": run_dir, "resume_from": None})
+    train_worker({"config": cfg.to_dict(), "data_path": data_path, "run_dir": run_dir, "run_id": "pipeline-resume",
+                  "resume_from": None})
 
 
 def _load_each(rank: int, world_size: int, layouts: list[list[str]], data_path: str, path: str, full_pt: str) -> None:

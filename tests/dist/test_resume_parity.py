@@ -21,7 +21,7 @@ K = 6
 def job(overrides: list[str], run_dir, resume_from=None) -> dict:
     cfg = load_config(None, overrides)
     return {"config": cfg.to_dict(), "data_path": ensure_builtin(cfg, "tokens"), "run_dir": str(run_dir),
-            "resume_from": str(resume_from) if resume_from else None}
+            "run_id": run_dir.name, "resume_from": str(resume_from) if resume_from else None}
 
 
 def worker(rank: int, world_size: int, jobs: list[dict]) -> None:

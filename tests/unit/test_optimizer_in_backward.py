@@ -1,0 +1,91 @@
+"""train.optimizer_in_backward, in one process: the step taken parameter by parameter in backward equals the
+ordinary step after backward (also across accumulated micro-batches), what it cannot work with is refused by
+name, and the memory prediction drops the gradients it frees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from raydl.config import TrainSection
+from raydl.errors import ConfigError
+from raydl.overrides import load_config
+from raydl.parallel import recovery
+from raydl.parallel.memory import Setting, predict
+from raydl.parallel.wrapper_policy import choose_dp_wrapper
+from raydl.train.optim import StepInBackward, build_optimizer, clip_grad_norm
+from tests.unit.test_memory_prediction import MIB, MODEL
+
+MICRO_BATCHES = 3
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _train(in_backward: bool, steps: int = 4) -> tuple[nn.Module, list[float]]:
+    model = _model()
+    optimizer = build_optimizer(model.parameters(), TrainSection(lr=0.05, weight_decay=0.1))
+    stepper = StepInBackward(optimizer, torch.device("cpu")) if in_backward else None
+    g, norms = torch.Generator().manual_seed(1), []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = 0.05 / (step + 1)   # the loop sets each step's lr before its backward
+        for i in range(MICRO_BATCHES):
+            if stepper:
+                stepper.armed = i == MICRO_BATCHES - 1
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+            (nn.functional.mse_loss(model(x), y) / MICRO_BATCHES).backward()
+        norms.append(float(stepper.grad_norm() if stepper else clip_grad_norm(model.parameters(), 0)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model, norms
+
+
+def test_each_parameter_stepped_in_backward_equals_the_step_after_backward():
+    reference, reference_norms = _train(in_backward=False)
+    model, norms = _train(in_backward=True)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7, msg=lambda m: f"{name}: {m}")
+        assert p.grad is None, "a gradient outlived its step"
+    assert norms == pytest.approx(reference_norms, rel=1e-6)
+    assert not torch.equal(next(model.parameters()), next(_model().parameters())), "nothing was trained"
+
+
+@pytest.mark.parametrize("override,field", [
+    ("train.grad_clip=1.0", "train.grad_clip"), ("train.precision=fp16", "train.precision"),
+    ("parallel.pp_degree=2", "parallel.pp_degree"), ("parallel.dp_wrapper=ddp", "parallel.dp_wrapper")])
+def test_what_it_cannot_work_with_is_refused_by_name(override, field):
+    sets = ["train.optimizer_in_backward=true", "train.grad_clip=0", override]
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, sets)
+    assert refused.value.path == field and "optimizer_in_backward=false" in str(refused.value)
+    assert load_config(None, sets[:2]).train.optimizer_in_backward
+
+
+def test_the_survivors_path_is_not_taken_and_refused_when_required():
+    cfg = load_config(None, ["train.optimizer_in_backward=true", "train.grad_clip=0", "scaling.survivors=auto"])
+    path = recovery.choose(cfg, torchft=True)
+    assert not path.survivors and "optimizer_in_backward" in path.why
+    cfg.scaling.survivors = "on"
+    with pytest.raises(ConfigError, match="optimizer_in_backward"):
+        recovery.choose(cfg, torchft=True)
+
+
+def test_auto_wraps_with_fully_shard_which_reduces_before_the_hook():
+    wrapper, why = choose_dp_wrapper("auto", dp=2, pp=1, param_bytes=1, memory_bytes=2**40, in_backward=True)
+    assert wrapper == "fsdp" and "optimizer_in_backward" in why
+    assert choose_dp_wrapper("auto", dp=1, pp=1, param_bytes=1, memory_bytes=2**40, in_backward=True)[0] == "none"
+
+
+@pytest.mark.parametrize("dp,wrapper,in_flight", [(2, "fsdp", 50 * MIB), (1, "none", 40 * MIB)])
+def test_the_prediction_keeps_only_the_gradients_in_flight(dp, wrapper, in_flight):
+    setting = dict(optimizer="sgd", momentum=0.0)
+    after = predict(MODEL, dp=dp, pp=1, micro_batch=1, wrapper=wrapper, setting=Setting(**setting))
+    inside = predict(MODEL, dp=dp, pp=1, micro_batch=1, wrapper=wrapper,
+                     setting=Setting(**setting, optimizer_in_backward=True))
+    assert inside.parts["grads"] == 0 and after.parts["grads"] == 400 * MIB // dp
+    assert inside.parts["activations"] == after.parts["activations"] + in_flight
+    assert inside.peak_bytes == after.peak_bytes - 400 * MIB // dp + in_flight
