@@ -17,7 +17,8 @@ fully_shard; parameters stay fp32 masters in every precision):
                  x the micro-batches in flight on the rank (the schedule's table, as in the cost model); with
                  activation checkpointing only the blocks' inputs plus one block recomputed; the loss keeps its
                  log-probabilities and its gradient (the last stage)
-    step         the optimizer step's temporaries: adamw (foreach) one more owned-parameter-sized buffer
+    step         the optimizer step's temporaries: adamw on a CPU (torch's per-tensor loop) one buffer the size of
+                 the largest owned tensor; fused on a GPU none (measured on an H200: benchmarks/results/gpu-memory-*)
 With train.optimizer_in_backward no gradient outlives its parameter's step: grads and step become the gradients
 in flight (one block's shard under fully_shard, else the largest tensor) and their step's temporaries, counted
 with the activations.
@@ -181,12 +182,19 @@ def _rank_parts(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], 
         parts["casts"] = 0.5 * params
     parts["activations"] = _activations(model, rank, stages, pp=pp, micro_batch=micro_batch, m=m, schedule=schedule,
                                         setting=setting)
-    parts["step"] = owned * STEP_TEMPORARIES[setting.optimizer] * (0 if offloaded else 1)
+    largest_owned = max(b.largest_tensor_bytes for b in blocks) / (dp if fsdp else 1)
+    parts["step"] = largest_owned * _step_temporaries(setting) * (0 if offloaded else 1)
     if setting.optimizer_in_backward:   # each gradient freed by its own step, during backward
         in_flight = _gradients_in_flight(blocks, dp=dp if fsdp else 1)
+        parts["activations"] += in_flight + parts["step"]
         parts["grads"] = parts["step"] = 0
-        parts["activations"] += in_flight * (1 + STEP_TEMPORARIES[setting.optimizer])
     return {name: math.ceil(value) for name, value in parts.items()}, offloaded
+
+
+def _step_temporaries(setting: Setting) -> float:
+    """Per byte of the largest tensor: raydl's AdamW is fused on a GPU (no temporaries) and torch's per-tensor
+    loop on a CPU (one of each tensor's size at a time); SGD makes none."""
+    return 0.0 if setting.device_type == "cuda" else STEP_TEMPORARIES[setting.optimizer]
 
 
 def _gradients_in_flight(blocks: list[BlockMemory], *, dp: int) -> float:

@@ -80,6 +80,7 @@ def test_auto_wraps_with_fully_shard_which_reduces_before_the_hook():
     assert choose_dp_wrapper("auto", dp=1, pp=1, param_bytes=1, memory_bytes=2**40, in_backward=True)[0] == "none"
 
 
+# In flight: one block's gradient shard under fully_shard (100 / 2 MiB), else the largest tensor (40 MiB).
 @pytest.mark.parametrize("dp,wrapper,in_flight", [(2, "fsdp", 50 * MIB), (1, "none", 40 * MIB)])
 def test_the_prediction_keeps_only_the_gradients_in_flight(dp, wrapper, in_flight):
     setting = dict(optimizer="sgd", momentum=0.0)
