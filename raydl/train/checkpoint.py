@@ -38,6 +38,7 @@ from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError
 from raydl.train import safe_dcp
 from raydl.train.checkpoint_state import FORMAT, state_problem
+from raydl.train.optim import states_one_by_one
 
 STATE_FILE = "raydl_state.json"
 FIX_EARLIER = "Fix: resume from an earlier checkpoint of the run"
@@ -64,7 +65,8 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
     """Every rank writes its shards into `path` (its own or a shared dir); rank 0 writes the state last."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    msd, osd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER)
+    with states_one_by_one(optimizer):
+        msd, osd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
     mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / safe_dcp.METADATA_FILE] if rank == 0 else [])
     _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
@@ -224,7 +226,8 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
     try:
         reader = safe_dcp.CheckedReader(path)
         options = StateDictOptions() if NESTED_KEY in reader.metadata.state_dict_metadata else FLAT_OPTIMIZER
-        msd, osd = get_state_dict(model, optimizer, options=options)
+        with states_one_by_one(optimizer):
+            msd, osd = get_state_dict(model, optimizer, options=options)
         dcp.load({"model": msd, "optim": osd}, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=options)
     # DCP raises assorted errors on missing/corrupt shards, each rank's wrapped in a CheckpointException

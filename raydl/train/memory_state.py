@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from raydl.train.optim import states_one_by_one
 from raydl.train.state_holder import senders
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,15 @@ def copy_into(dst: Any, src: Any) -> Any:
 
 @torch.no_grad()
 def take_shard(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    msd, osd = get_state_dict(model, optimizer)
+    with states_one_by_one(optimizer):
+        msd, osd = get_state_dict(model, optimizer)
     return {"model": cpu_copy(msd), "optim": cpu_copy(osd)}
 
 
 @torch.no_grad()
 def load_shard(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: dict[str, Any]) -> None:
-    msd, osd = get_state_dict(model, optimizer)   # also creates the optimizer's state to write into
+    with states_one_by_one(optimizer):   # the optimizer's states to write into
+        msd, osd = get_state_dict(model, optimizer)
     set_state_dict(model, optimizer, model_state_dict=copy_into(msd, shard["model"]),
                    optim_state_dict=copy_into(osd, shard["optim"]))
 

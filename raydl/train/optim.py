@@ -3,7 +3,9 @@ taken in backward (train.optimizer_in_backward)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -86,14 +88,7 @@ class StepInBackward:
             return
         grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
         self._squares += torch.linalg.vector_norm(grad, dtype=torch.float32) ** 2
-        everything = self.optimizer.param_groups
-        # The optimizer steps the parameters of its groups that have gradients: a group of this one alone, with
-        # the hyper-parameters (the lr of this step included) of the group it belongs to.
-        self.optimizer.param_groups = [{**everything[self._group_of[param]], "params": [param]}]
-        try:
-            self.optimizer.step()
-        finally:
-            self.optimizer.param_groups = everything
+        step_one(self.optimizer, param, self._group_of[param])
         param.grad = None
 
     def grad_norm(self) -> torch.Tensor:
@@ -106,3 +101,47 @@ class StepInBackward:
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+def step_one(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: int, **overrides) -> None:
+    """Step `param` alone, with the hyper-parameters of its group (`overrides` replace some)."""
+    everything = optimizer.param_groups
+    # The optimizer steps the parameters of its groups: a group of this one alone, with the hyper-parameters
+    # (the lr of this step included) of the group it belongs to.
+    optimizer.param_groups = [{**everything[group], **overrides, "params": [param]}]
+    try:
+        optimizer.step()
+    finally:
+        optimizer.param_groups = everything
+
+
+@contextlib.contextmanager
+def states_one_by_one(optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]):
+    """Around torch's get_state_dict / set_state_dict. Given an optimizer without states, torch creates them with
+    a zero gradient for every parameter at once and one step (`_init_optim_state`): a transient copy of all the
+    parameters the rank owns at every resume, and at every checkpoint of a stateless optimizer (SGD without
+    momentum), which never gets states. Here the states are made one parameter at a time (a step with lr 0 and a
+    zero gradient, as torch's), and a stateless optimizer lends one small zero gradient, which torch takes for
+    "already initialized"."""
+    if not isinstance(optimizer, torch.optim.Optimizer):   # get_state_dict's iterable of optimizers (export: none)
+        with contextlib.ExitStack() as stack:
+            for each in optimizer:
+                stack.enter_context(states_one_by_one(each))
+            yield
+        return
+    params = [(p, i) for i, group in enumerate(optimizer.param_groups) for p in group["params"] if p.requires_grad]
+    if optimizer.state or not params or any(p.grad is not None for p, _ in params):
+        yield
+        return
+    for p, i in params:
+        p.grad = torch.zeros_like(p)
+        step_one(optimizer, p, i, lr=0.0)
+        p.grad = None
+    lender = None if optimizer.state else min((p for p, _ in params), key=lambda p: p.numel())
+    if lender is not None:
+        lender.grad = torch.zeros_like(lender)
+    try:
+        yield
+    finally:
+        if lender is not None:
+            lender.grad = None

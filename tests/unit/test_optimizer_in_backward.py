@@ -4,6 +4,8 @@ name, and the memory prediction drops the gradients it frees."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -14,7 +16,7 @@ from raydl.overrides import load_config
 from raydl.parallel import recovery
 from raydl.parallel.memory import Setting, predict
 from raydl.parallel.wrapper_policy import choose_dp_wrapper
-from raydl.train.optim import StepInBackward, build_optimizer, clip_grad_norm
+from raydl.train.optim import StepInBackward, build_optimizer, clip_grad_norm, states_one_by_one
 from tests.unit.test_memory_prediction import MIB, MODEL
 
 MICRO_BATCHES = 3
@@ -90,3 +92,40 @@ def test_the_prediction_keeps_only_the_gradients_in_flight(dp, wrapper, in_fligh
     assert inside.parts["grads"] == 0 and after.parts["grads"] == 400 * MIB // dp
     assert inside.parts["activations"] == after.parts["activations"] + in_flight
     assert inside.peak_bytes == after.peak_bytes - 400 * MIB // dp + in_flight
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_states_for_a_checkpoint_are_made_without_a_gradient_for_every_parameter(optimizer, monkeypatch):
+    """torch's get_state_dict gives every parameter a zero gradient at once (a copy of the model) to create a
+    fresh optimizer's states; states_one_by_one makes them one parameter at a time, or lends one small gradient
+    to a stateless SGD, and the state dict is torch's own."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    def deep() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)))
+
+    def state_dict(one_by_one: bool) -> tuple[dict, int, nn.Module]:
+        model = deep()
+        opt = build_optimizer(model.parameters(), TrainSection(optimizer=optimizer, momentum=0.0, lr=0.1,
+                                                               weight_decay=0.1))
+        most, zeros_like = [0], torch.zeros_like
+
+        def counted(t, *args, **kwargs):   # the gradient elements alive once this zero tensor exists
+            alive = sum(p.grad.numel() for p in model.parameters() if p.grad is not None) + t.numel()
+            most[0] = max(most[0], alive)
+            return zeros_like(t, *args, **kwargs)
+        monkeypatch.setattr(torch, "zeros_like", counted)
+        with states_one_by_one(opt) if one_by_one else contextlib.nullcontext():
+            _, osd = get_state_dict(model, opt)
+        monkeypatch.setattr(torch, "zeros_like", zeros_like)
+        return osd, most[0], model
+
+    torch_way, torch_most, _ = state_dict(one_by_one=False)
+    ours, our_most, model = state_dict(one_by_one=True)
+    largest = max(p.numel() for p in model.parameters())
+    assert torch_most >= sum(p.numel() for p in model.parameters())   # every zero gradient at once
+    assert our_most <= 2 * largest < torch_most   # one at a time: a gradient and the state being made
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(model[0].weight, deep()[0].weight), "lr 0: no parameter moved"
+    assert str(ours) == str(torch_way)
