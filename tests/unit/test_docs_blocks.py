@@ -39,7 +39,8 @@ def test_other_fences_are_not_commands():
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
 def test_every_page_parses(page):
-    page_blocks(page)
+    parsed = page_blocks(page)
+    assert all(b.commands or b.skip_reason for b in parsed), "a block with nothing to run and no reason to skip"
 
 
 @pytest.mark.parametrize("page", [*pages(), REPO / "benchmarks" / "README.md", REPO / "ARCHITECTURE.md"],

@@ -15,6 +15,7 @@ from raydl.errors import ConfigError
 from raydl.models.choice import choose_model
 from raydl.models.hf.model import build_causal_lm
 from raydl.models.hf.options import HfOptions
+from raydl.models.hf.weights import FIELD
 from raydl.overrides import load_config
 from raydl.train.model_build import build_for_worker
 
@@ -84,16 +85,17 @@ def test_weights_read_on_meta_give_the_logits_of_the_saved_model(saved):
     assert torch.equal(model.blocks["head"].lm_head.weight, reference.model.embed_tokens.weight)
 
 
-def _refused(folder, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
+def _refused(folder, match: str) -> ConfigError:
+    with pytest.raises(ConfigError, match=match) as refused:
         _worker_model("model.name=hf", f"model.options.weights={folder}")
+    return refused.value
 
 
 def test_a_missing_shard_is_refused_from_the_index(saved):
     folder, _ = saved
     shards = sorted(folder.glob("model-*.safetensors"))
     shards[1].unlink()
-    _refused(folder, rf"model\.options\.weights.*misses 1 of the {len(shards)} shard files.*{shards[1].name}")
+    assert _refused(folder, rf"misses 1 of the {len(shards)} shard files.*{shards[1].name}").path == FIELD
 
 
 def test_a_missing_tensor_or_a_wrong_shape_is_refused_from_the_headers(saved):
@@ -103,15 +105,15 @@ def test_a_missing_tensor_or_a_wrong_shape_is_refused_from_the_headers(saved):
     shard = folder / index["weight_map"][name]
     tensors = load_file(shard)
     save_file({k: v for k, v in tensors.items() if k != name}, shard)
-    _refused(folder, rf"model\.options\.weights.*lacks 1 of the model's \d+ tensors \(first: {name}\)")
+    assert _refused(folder, rf"lacks 1 of the model's \d+ tensors \(first: {name}\)").path == FIELD
     save_file({**tensors, name: tensors[name][:, :3].contiguous()}, shard)
-    _refused(folder, rf"does not fit its config.json: {name} is F32 \[32, 3\], the model's is \[32, 128\]")
+    assert _refused(folder, rf"does not fit its config.json: {name} is F32 \[32, 3\], the model's is \[32, 128\]").path == FIELD
 
 
 def test_a_file_that_is_not_safetensors_is_refused(saved):
     folder, _ = saved
     next(folder.glob("model-*.safetensors")).write_bytes(b"\xff" * 64)
-    _refused(folder, r"model\.options\.weights.*is not a readable safetensors file")
+    assert _refused(folder, r"is not a readable safetensors file").path == FIELD
 
 
 def test_train_with_a_weights_dir_missing_a_shard_exits_2_before_anything_is_written(tmp_path, capsys):
