@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precisions", default="bf16,fp16,fp32")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = harness.parse_args(p, argv)
-    if not torch.cuda.is_available():
-        print("raydl bench gpu: error: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+    if not harness.cuda_here("gpu"):
         return 2
     session = harness.Session("gpu", args)
     runs_dir = Path(tempfile.mkdtemp(prefix="raydl-bench-gpu-"))

@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", default=["gpt-302m", "gpt-1b"], choices=[m for m in MODELS if m.startswith("gpt")])
     p.add_argument("--precisions", default="fp32,bf16")
     args = harness.parse_args(p, argv)
-    if not torch.cuda.is_available():
-        print("raydl bench gpu_memory: error: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+    if not harness.cuda_here("gpu_memory"):
         return 2
     session = harness.Session("gpu_memory", args)
     work = Path(tempfile.mkdtemp(prefix="raydl-bench-gpumem-"))

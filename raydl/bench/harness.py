@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -135,3 +136,13 @@ class Session:
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"[bench] wrote {out}", flush=True)
         return result
+
+
+def cuda_here(name: str) -> bool:
+    """Whether a CUDA device is here; if not, says so as `raydl bench NAME`'s error (then exit 2)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    print(f"raydl bench {name}: error: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+    return False
