@@ -1,7 +1,8 @@
 """The survivors path (issue 25): a data-parallel run whose worker is SIGKILLed goes on in the other worker's
 process, at 1 worker with twice the accumulation, until Ray's replacement joins and copies it; the step in
 flight is the only one redone, and every sample is still taken exactly once per epoch. A lost node: the same
-without a restart of the group, the replacement waiting for a node to be added.
+without a restart of the group, the replacement waiting for a node to be added; and a survivor that fails
+while the replacement waits ends the run with its error within seconds.
 
 On a multi-node Ray cluster on this machine (tests/ray/fault_harness.py): a 1-CPU head and one 1-CPU node, the
 default tiny GPT on the built-in task (3840 train rows = 60 steps of 64 per epoch), the fault from outside.
