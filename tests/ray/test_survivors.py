@@ -151,5 +151,5 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     assert rc == 1, run.tail()
     assert f"debug.fail_at_step: injected failure at step {fail_at}" in run.tail(20000), run.tail()
     assert run.world_size() == 1   # it failed alone, the replacement still waiting
-    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))
-    assert latest is not None and int(Path(latest).name[len("step_"):].split(".")[0]) >= 10, latest
+    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))   # step 5's, or 10's if done before the loss
+    assert latest is not None and int(Path(latest).name[len("step_"):].split(".")[0]) >= 5, latest
