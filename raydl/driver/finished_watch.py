@@ -28,8 +28,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 20.0          # a run that ends normally returns within seconds of its summary; stopping it early loses nothing
-FAILED_GRACE_S = 10.0   # the controller polls its workers every 0.5 s: an error unseen this long, it is not polling
+GRACE_S = 20.0   # a run that ends normally returns within seconds of its summary; stopping it early loses nothing
+FAILED_GRACE_S = 10.0   # the controller polls its workers every 0.5 s: one not seeing an error for 10 s is stuck
 
 
 class FinishedRunWatch:

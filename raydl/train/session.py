@@ -194,13 +194,18 @@ class RaySession:
         for, before Ray's controller can see it: the controller may be waiting to place another worker's
         replacement, blind to this one until a node comes, and then the driver ends the run with this error
         (raydl.driver.finished_watch)."""
+        import pickle
         import traceback
 
         import ray
 
         text = "".join(traceback.format_exception(error))
         try:
-            ray.get(self.sink.note_worker_error.remote(self.rank, error, text), timeout=SEND_TIMEOUT_S)
+            sent = self.sink.note_worker_error.remote(self.rank, error, text)
+        except (TypeError, pickle.PicklingError):   # an error that cannot travel: its text can
+            sent = self.sink.note_worker_error.remote(self.rank, RuntimeError(f"{type(error).__name__}: {error}"), text)
+        try:
+            ray.get(sent, timeout=SEND_TIMEOUT_S)
         except ray.exceptions.RayError:   # the sink is gone with the driver's node: so is the run
             pass
 

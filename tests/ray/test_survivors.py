@@ -147,7 +147,8 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
         ended = time.time() - failed.stat().st_mtime
     finally:
         run.stop()
-    print(f"[survivors] the survivor failed at step {fail_at} while the replacement waited: the run ended {ended:.1f} s later")
+    print(f"[survivors] the survivor failed at step {fail_at} while the replacement waited: "
+          f"the run ended {ended:.1f} s later")
     assert rc == 1, run.tail()
     assert f"debug.fail_at_step: injected failure at step {fail_at}" in run.tail(20000), run.tail()
     assert run.world_size() == 1   # it failed alone, the replacement still waiting
