@@ -1,7 +1,8 @@
 """Ray Train controller-side callback: tells the metrics sink why a worker group failed.
 
 Step records reach the sink from rank 0 directly (raydl.metrics.sink); the controller is the one place
-that sees a worker's error, so the restart that follows is written down with its cause.
+that sees a worker's error, so the restart that follows is written down with its cause. The ranks it saw tell
+the sink which worker errors the controller has looked at (raydl.driver.finished_watch).
 """
 
 from __future__ import annotations
@@ -19,4 +20,4 @@ class FailureCauseCallback(UserCallback):
         rank, error = next(iter(worker_exceptions.items()))
         first_line = str(error).splitlines()[0][:200] if str(error) else ""
         self.sink = self.sink or ray.get_actor(self.sink_name)
-        self.sink.note_failure.remote(f"rank {rank}: {type(error).__name__}: {first_line}")
+        self.sink.note_failure.remote(f"rank {rank}: {type(error).__name__}: {first_line}", list(worker_exceptions))

@@ -49,14 +49,14 @@ class RaydlTrainer(TorchTrainer):
         if isinstance(controller_init_kwargs["scaling_policy"], ElasticScalingPolicy):
             controller_init_kwargs["scaling_policy"] = (SurvivorsElasticPolicy if survivors else
                                                         LiveNodesElasticPolicy)(self.scaling_config)
-        self.finished_watch = FinishedRunWatch(self.run_dir) if survivors else None
+        self.finished_watch = FinishedRunWatch(self.run_dir, self.metrics_sink) if survivors else None
         with watcher_started_late(controller_init_kwargs["callbacks"]), self.finished_watch or nullcontext():
             try:
                 return super()._initialize_and_run_controller(**controller_init_kwargs)
             except RayActorError:
                 if self.finished_watch is None or not self.finished_watch.ended_run:
                     raise
-                return finished_result(self.run_dir)
+                return ended_result(self.run_dir, self.finished_watch.failure)
 
     private_ray = False   # build_trainer says whether raydl started this Ray privately (no --address)
     metrics_sink = None   # build_trainer's sink actor: its console lines are printed here while the run trains
@@ -106,9 +106,13 @@ class RaydlTrainer(TorchTrainer):
             self.finished_watch.controller = controller
 
 
-def finished_result(run_dir):
-    """What `fit` returns for a run FinishedRunWatch ended: Ray's Result, naming the run's last checkpoint."""
+def ended_result(run_dir, failure: tuple[int, Exception, str] | None):
+    """What `fit` returns for a run FinishedRunWatch ended: Ray's Result, naming the run's last checkpoint, with
+    the error of the worker whose `failure` (rank, error, traceback) ended it as Ray's controller makes it from a
+    failed worker's (`fit` raises it)."""
     from ray.train import Checkpoint
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
     from ray.train.v2.api.result import Result
 
     from raydl.driver.prepare import checkpoints_location
@@ -116,4 +120,9 @@ def finished_result(run_dir):
 
     location = checkpoints_location(str(run_dir))
     latest = ckpt.find_latest(location)
-    return Result(metrics=None, checkpoint=Checkpoint(str(latest)) if latest else None, error=None, path=location)
+    error = None
+    if failure:
+        rank, cause, traceback = failure
+        failed = WorkerStatus(running=False, error=UserExceptionWithTraceback(cause, traceback_str=traceback))
+        error = WorkerGroupPollStatus({rank: failed}).get_worker_group_error()
+    return Result(metrics=None, checkpoint=Checkpoint(str(latest)) if latest else None, error=error, path=location)

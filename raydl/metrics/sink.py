@@ -7,6 +7,8 @@ directory without a barrier across workers and without waiting for Ray Train's c
 in order, so the records arrive as rank 0 sent them; the final report is waited for, so summary.json is
 written before the train function returns. The controller tells the sink why a worker group failed, and the
 workers send it their error tracebacks (raydl.train.tracebacks), which it appends to the run's workers.log.
+On the survivors path a failing worker also sends its error, kept until the controller reports it: the driver's
+FinishedRunWatch ends the run with it when the controller, waiting to place a replacement, never does.
 
 The console lines of the run (the layout, progress) are kept here and printed by the driver (`relay_lines`):
 printed in this actor, Ray would forward them with its "(MetricsSink pid=...)" prefix.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 from raydl.console import Console, Progress
@@ -33,6 +36,7 @@ WORKERS_LOG = "workers.log"   # the workers' error tracebacks (raydl.train.trace
 class MetricsSink:
     def __init__(self, run_dir: str, progress: bool, events_dir: str | None, trackers: dict, mirror: str | None):
         self.lines: list[str | Progress] = []
+        self.unseen_error: tuple | None = None   # (time, rank, error, traceback): note_worker_error's, until seen
         self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, trackers=trackers, say=self.say,
                                     mirror=mirror)
 
@@ -41,8 +45,19 @@ class MetricsSink:
         time, where turning it into a dict first took half a millisecond per report."""
         self.writer.write(report, world_size=world_size)
 
-    def note_failure(self, cause: str) -> None:
+    def note_failure(self, cause: str, ranks: list[int]) -> None:
+        """From Ray Train's controller: the worker group failed, with errors from `ranks`."""
+        if self.unseen_error and self.unseen_error[1] in ranks:
+            self.unseen_error = None
         self.writer.note_failure(cause)
+
+    def note_worker_error(self, rank: int, error: Exception, traceback: str) -> None:
+        """From a worker on the survivors path whose train function is ending with `error`."""
+        self.unseen_error = (time.time(), rank, error, traceback)
+
+    def error_unseen(self) -> tuple | None:
+        """The last worker error that Ray Train's controller has not reported (note_failure) since."""
+        return self.unseen_error
 
     def fail_trackers(self) -> None:
         self.writer.fail_trackers()

@@ -215,12 +215,17 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
 def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
     t_start = time.time()
     w, state = start_worker(job, session)
-    state, stopped_by = fit(w, state)
-    final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
-                      precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
-    w.memory.mark("end")
-    w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
-                                  step=state.step, final=final))
+    try:
+        state, stopped_by = fit(w, state)
+        final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
+                          precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
+        w.memory.mark("end")
+        w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
+                                      step=state.step, final=final))
+    except Exception as e:
+        if w.survivors:   # Ray's controller may be waiting to place a replacement, blind to this worker's error
+            w.session.failed(e)
+        raise
     w.gpu.close()
     if w.keeper:
         w.keeper.close()

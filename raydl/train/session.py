@@ -31,7 +31,7 @@ from raydl.signals import SignalStop
 from raydl.telemetry.records import WorkerReport
 from raydl.telemetry.startup import process_start_time
 from raydl.train import checkpoint as ckpt
-from raydl.train.tracebacks import route_worker_tracebacks
+from raydl.train.tracebacks import SEND_TIMEOUT_S, route_worker_tracebacks
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,26 @@ class RaySession:
         written = self.sink.write.remote(report, self.world_size)
         if report.final:
             ray.get(written, timeout=60)
+
+    def failed(self, error: Exception) -> None:
+        """On the survivors path: this worker's train function is ending with `error`. The sink keeps it, waited
+        for, before Ray's controller can see it: the controller may be waiting to place another worker's
+        replacement, blind to this one until a node comes, and then the driver ends the run with this error
+        (raydl.driver.finished_watch)."""
+        import pickle
+        import traceback
+
+        import ray
+
+        text = "".join(traceback.format_exception(error))
+        try:
+            sent = self.sink.note_worker_error.remote(self.rank, error, text)
+        except (TypeError, pickle.PicklingError):   # an error that cannot travel: its text can
+            sent = self.sink.note_worker_error.remote(self.rank, RuntimeError(f"{type(error).__name__}: {error}"), text)
+        try:
+            ray.get(sent, timeout=SEND_TIMEOUT_S)
+        except ray.exceptions.RayError:   # the sink is gone with the driver's node: so is the run
+            pass
 
     def close(self) -> None:
         pass

@@ -1,7 +1,8 @@
 """The survivors path (issue 25): a data-parallel run whose worker is SIGKILLed goes on in the other worker's
 process, at 1 worker with twice the accumulation, until Ray's replacement joins and copies it; the step in
 flight is the only one redone, and every sample is still taken exactly once per epoch. A lost node: the same
-without a restart of the group, the replacement waiting for a node to be added.
+without a restart of the group, the replacement waiting for a node to be added; and a survivor that fails
+while the replacement waits ends the run with its error within seconds.
 
 On a multi-node Ray cluster on this machine (tests/ray/fault_harness.py): a 1-CPU head and one 1-CPU node, the
 default tiny GPT on the built-in task (3840 train rows = 60 steps of 64 per epoch), the fault from outside.
@@ -11,6 +12,7 @@ default tiny GPT on the built-in task (3840 train rows = 60 steps of 64 per epoc
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -117,3 +119,38 @@ def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(
     assert sorted(ids) == list(range(steps // 60))
     for epoch, taken in ids.items():
         assert sorted(taken) == every, f"epoch {epoch}: {len(taken)} ids taken, {len(set(taken))} distinct"
+
+
+def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_run(cluster, data_cache, tmp_path):
+    """A node is lost for good, so Ray's controller waits to place the replacement (blind to the workers
+    meanwhile), and then the survivor fails (debug.fail_at_step, at world size 1): the run ends within seconds
+    with the survivor's error (raydl.driver.finished_watch), not never; the checkpoint from before is kept."""
+    from raydl.driver.prepare import checkpoints_location
+    from raydl.train import checkpoint as ckpt
+
+    cluster.resize(1)
+    fail_at = 100   # far enough past the loss (at step 10) that only the survivor, alone, reaches it
+    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=400",
+                 "checkpoint.every_steps=5", "telemetry.report_every=5", "train.eval_batches=2",
+                 "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2",
+                 f"debug.fail_at_step={fail_at}"]
+    run = ledger_run(tmp_path, overrides, cluster.address).start()
+    try:
+        run.wait_step(10, deadline_s=300)
+        cluster.remove(cluster.nodes[0], graceful=False)   # one worker's node; no other node has room
+        failed = ledger(run) / f"failed-at-{fail_at}"
+        run.wait_for("the survivor's failure", failed.exists, 120)
+        try:
+            rc = run.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the run still runs 60 s after the survivor failed:\n{run.tail()}") from None
+        ended = time.time() - failed.stat().st_mtime
+    finally:
+        run.stop()
+    print(f"[survivors] the survivor failed at step {fail_at} while the replacement waited: "
+          f"the run ended {ended:.1f} s later")
+    assert rc == 1, run.tail()
+    assert f"debug.fail_at_step: injected failure at step {fail_at}" in run.tail(20000), run.tail()
+    assert run.world_size() == 1   # it failed alone, the replacement still waiting
+    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))   # step 5's, or 10's if done before the loss
+    assert latest is not None and int(Path(latest).name[len("step_"):].split(".")[0]) >= 5, latest

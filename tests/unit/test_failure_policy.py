@@ -122,3 +122,25 @@ def test_survivors_policy_keeps_the_size_while_it_replaces_and_never_shrinks_by_
     policy._get_reserved_resources = lambda: {"head": {"CPU": 1.0}, "new": {"CPU": 1.0}}
     Group.num_workers = 1
     assert policy.make_decision_for_running_worker_group(Group(), None) == ResizeDecision(2, {"CPU": 1.0})
+
+
+def test_a_survivors_error_unseen_by_the_controller_ends_the_run_as_the_controller_would_have(tmp_path):
+    """A worker's error on the survivors path stays with the sink until the controller reports that rank's error;
+    the run FinishedRunWatch ends with it raises what Ray's controller raises: a DataError is still found
+    (the one paragraph, exit 2), any other error is Ray's WorkerGroupError with the worker's traceback (exit 1)."""
+    from raydl.driver.failure_policy import ended_result
+    from raydl.metrics.sink import MetricsSink
+
+    sink = MetricsSink(str(tmp_path), False, None, {}, None)
+    corrupt = cloudpickle.loads(cloudpickle.dumps(DataError("shard_00003.parquet is corrupt")))   # as it travels
+    sink.note_worker_error(1, corrupt, "Traceback ...\nDataError: shard_00003.parquet is corrupt\n")
+    sink.note_failure("rank 0: ActorDiedError: the node died", [0])   # the lost node's worker, seen before
+    assert sink.error_unseen()[1:3] == (1, corrupt)
+    error = ended_result(tmp_path, sink.error_unseen()[1:]).error
+    assert isinstance(error, WorkerGroupError) and raydl_error_in(error) is corrupt and corrupt.exit_code == 2
+    sink.note_failure("rank 1: DataError: shard_00003.parquet is corrupt", [1])
+    assert sink.error_unseen() is None
+
+    crash = ended_result(tmp_path, (1, RuntimeError("injected"), "Traceback ...\nRuntimeError: injected\n")).error
+    assert raydl_error_in(crash) is None and "RuntimeError: injected" in str(crash)
+    assert ended_result(tmp_path, None).error is None
