@@ -81,7 +81,8 @@ class StepInBackward:
         # Indices, not the groups: loading a checkpoint replaces the optimizer's group dicts.
         self._group_of = {p: i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
         self._squares = torch.zeros((), device=device)
-        self._handles = [p.register_post_accumulate_grad_hook(self._step) for p in self._group_of]
+        for p in self._group_of:   # for the parameters' lifetime: the option holds for the whole run
+            p.register_post_accumulate_grad_hook(self._step)
 
     def _step(self, param: torch.Tensor) -> None:
         if not self.armed:
@@ -98,16 +99,11 @@ class StepInBackward:
             dist.all_reduce(total)
         return total.sqrt()
 
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
 
 def step_one(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: int, **overrides) -> None:
-    """Step `param` alone, with the hyper-parameters of its group (`overrides` replace some)."""
+    """Step `param` alone: the optimizer steps a group of this one parameter, with the hyper-parameters (this
+    step's lr included) of the group it belongs to; `overrides` replace some."""
     everything = optimizer.param_groups
-    # The optimizer steps the parameters of its groups: a group of this one alone, with the hyper-parameters
-    # (the lr of this step included) of the group it belongs to.
     optimizer.param_groups = [{**everything[group], **overrides, "params": [param]}]
     try:
         optimizer.step()
