@@ -130,8 +130,8 @@ class TrainSection:
                                             "a pipeline or CPU offload, else (DDP, one worker) glibc's default; "
                                             "0 = glibc's default.")
     grad_clip: float = _f(1.0, "Clip the global gradient norm to this value; 0 = off.")
-    optimizer_in_backward: bool = _f(False, "Step each parameter as soon as its gradient is final and free that "
-                                     "gradient, so a worker never holds all its gradients (FSDP2 fully_shard "
+    optimizer_in_backward: bool = _f(False, "Step each block's parameters as soon as their gradients are final and "
+                                     "free those gradients, so a worker never holds all its gradients (FSDP2 fully_shard "
                                      "across workers; one worker alone is not wrapped): saves about one copy of "
                                      "the parameters it owns. Needs train.grad_clip=0, parallel.pp_degree=1 "
                                      "and no fp16; full restarts only (no survivors path).")

@@ -198,11 +198,9 @@ def _step_temporaries(setting: Setting) -> float:
 
 
 def _gradients_in_flight(blocks: list[BlockMemory], *, dp: int) -> float:
-    """The gradients alive at once when each is stepped and freed in backward: fully_shard reduces a block's at
-    once into one buffer, freed when its last parameter has stepped; unwrapped, one tensor's at a time."""
-    if dp > 1:
-        return max(b.param_bytes for b in blocks) / dp
-    return max(b.largest_tensor_bytes for b in blocks)
+    """The gradients alive at once when they are stepped and freed in backward: a block's (its share of them),
+    stepped together when the last is final (fully_shard reduces them into one buffer at once)."""
+    return max(b.param_bytes for b in blocks) / dp
 
 
 def _activations(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], *, pp: int, micro_batch: int,

@@ -66,8 +66,9 @@ class DataParallelEngine:
         return self.model.parameters()
 
     def step_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
-        """From now on `optimizer` steps each parameter in backward (train.optimizer_in_backward)."""
-        self.in_backward = StepInBackward(optimizer, self.device)
+        """From now on `optimizer` steps the parameters in backward, block by block (train.optimizer_in_backward)."""
+        blocks = getattr(self.model, "blocks", {}).values()
+        self.in_backward = StepInBackward(optimizer, self.device, units=(list(b.parameters()) for b in blocks))
 
     def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
         batches = train_step.micro_batches(tensors, self.layout.num_microbatches)

@@ -27,10 +27,12 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
 
 
-def _train(in_backward: bool, steps: int = 4) -> tuple[nn.Module, list[float]]:
-    model = _model()
+def _train(in_backward: bool, steps: int = 4, units=None, model=None) -> tuple[nn.Module, list[float], int]:
+    model = model or _model()
     optimizer = build_optimizer(model.parameters(), TrainSection(lr=0.05, weight_decay=0.1))
-    stepper = StepInBackward(optimizer, torch.device("cpu")) if in_backward else None
+    calls = []
+    optimizer.register_step_pre_hook(lambda *_: calls.append(1))
+    stepper = StepInBackward(optimizer, torch.device("cpu"), units=units(model) if units else ()) if in_backward else None
     g, norms = torch.Generator().manual_seed(1), []
     for step in range(steps):
         for group in optimizer.param_groups:
@@ -41,19 +43,45 @@ def _train(in_backward: bool, steps: int = 4) -> tuple[nn.Module, list[float]]:
             x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
             (nn.functional.mse_loss(model(x), y) / MICRO_BATCHES).backward()
         norms.append(float(stepper.grad_norm() if stepper else clip_grad_norm(model.parameters(), 0)))
-        optimizer.step()
+        if not stepper:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return model, norms
+    return model, norms, len(calls) // steps
 
 
-def test_each_parameter_stepped_in_backward_equals_the_step_after_backward():
-    reference, reference_norms = _train(in_backward=False)
-    model, norms = _train(in_backward=True)
+def _layers(model: nn.Module) -> list[list[nn.Parameter]]:
+    return [list(model[0].parameters()), list(model[2].parameters())]
+
+
+@pytest.mark.parametrize("units,calls_per_step", [(None, 4), (_layers, 2)])
+def test_parameters_stepped_in_backward_equal_the_step_after_backward(units, calls_per_step):
+    """Each parameter alone, or each unit (a layer's weight and bias) in one optimizer call."""
+    reference, reference_norms, _ = _train(in_backward=False)
+    model, norms, calls = _train(in_backward=True, units=units)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7, msg=lambda m: f"{name}: {m}")
         assert p.grad is None, "a gradient outlived its step"
     assert norms == pytest.approx(reference_norms, rel=1e-6)
+    assert calls == calls_per_step
     assert not torch.equal(next(model.parameters()), next(_model().parameters())), "nothing was trained"
+
+
+def test_a_unit_with_a_parameter_that_got_no_gradient_is_stepped_after_backward():
+    """A unit never completes when one of its parameters is unused: what it has is stepped by grad_norm."""
+    def with_unused(model: nn.Module) -> list[list[nn.Parameter]]:
+        return [[*model[0].parameters(), model.unused], list(model[2].parameters())]
+
+    def model_with_unused() -> nn.Module:
+        model = _model()
+        model.unused = nn.Parameter(torch.ones(3))   # never in the forward
+        return model
+
+    reference, reference_norms, _ = _train(in_backward=False, model=model_with_unused())
+    model, norms, _ = _train(in_backward=True, units=with_unused, model=model_with_unused())
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+        assert p.grad is None
+    assert norms == pytest.approx(reference_norms, rel=1e-6)
 
 
 @pytest.mark.parametrize("override,field", [
@@ -82,8 +110,8 @@ def test_auto_wraps_with_fully_shard_which_reduces_before_the_hook():
     assert choose_dp_wrapper("auto", dp=1, pp=1, param_bytes=1, memory_bytes=2**40, in_backward=True)[0] == "none"
 
 
-# In flight: one block's gradient shard under fully_shard (100 / 2 MiB), else the largest tensor (40 MiB).
-@pytest.mark.parametrize("dp,wrapper,in_flight", [(2, "fsdp", 50 * MIB), (1, "none", 40 * MIB)])
+# In flight: one block's gradients (100 MiB), its shard under fully_shard (100 / 2 MiB): stepped together.
+@pytest.mark.parametrize("dp,wrapper,in_flight", [(2, "fsdp", 50 * MIB), (1, "none", 100 * MIB)])
 def test_the_prediction_keeps_only_the_gradients_in_flight(dp, wrapper, in_flight):
     setting = dict(optimizer="sgd", momentum=0.0)
     after = predict(MODEL, dp=dp, pp=1, micro_batch=1, wrapper=wrapper, setting=Setting(**setting))
