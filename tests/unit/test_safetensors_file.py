@@ -97,6 +97,13 @@ def test_a_header_that_lies_is_refused_naming_the_file_and_the_tensor(tmp_path, 
         WeightsIndex(tmp_path)
 
 
+def test_a_header_nested_past_the_interpreter_s_limit_is_refused(tmp_path):
+    text = b"[" * 200_000 + b"]" * 200_000
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text)
+    with pytest.raises(ConfigError, match=r"'model.safetensors' is not a readable safetensors file .*too deeply"):
+        WeightsIndex(tmp_path)
+
+
 def test_a_file_cut_after_its_header_was_read_is_refused_at_the_read(stored):
     header = read_header(stored)
     stored.write_bytes(stored.read_bytes()[:header["bf16"].start + 10])

@@ -60,7 +60,10 @@ def read_header(path: Path) -> dict[str, Stored]:
         (length,) = struct.unpack("<Q", head)
         if length > min(MAX_HEADER, size - 8):
             raise ValueError(f"header length {length} in a file of {size} bytes")
-        header = json.loads(f.read(length))
+        try:
+            header = json.loads(f.read(length))
+        except RecursionError:
+            raise ValueError("the header nests JSON too deeply") from None
     if not isinstance(header, dict):
         raise ValueError("the header is not a JSON object")
     tensors = {name: _stored(name, entry, 8 + length, size - 8 - length)
