@@ -30,3 +30,20 @@ def test_peaks_are_read_against_the_workers_start_the_tiny_model_and_the_predict
     assert met["build_over_share"]["worst"] == round(580 / 600, 3) and met["prediction_error"]["met"]
     assert met["build_from_start_over_share"]["worst"] == round(650 / 600, 3)
     assert met["first_step_after_over_before"]["met"] and not met["fsdp_run_over_model"]["met"]   # 1.11 > 0.75
+
+
+def test_a_mark_writes_the_peak_and_the_current_resident_size(tmp_path):
+    import json
+
+    import torch
+
+    from raydl.telemetry.memory_marks import MemoryMarks
+
+    marks = MemoryMarks(str(tmp_path))
+    held = torch.ones(64 * 2**18)   # 64 MiB, touched
+    marks.mark("meta")
+    del held
+    marks.mark("built")
+    written = json.loads((tmp_path / "memory-rank0.json").read_text())
+    assert written["meta_now_mib"] > 64 and written["meta_peak_mib"] <= written["built_peak_mib"]
+    assert written["built_now_mib"] < written["meta_now_mib"] - 32   # the current size falls, the peak does not
