@@ -10,7 +10,10 @@ meta), `after` builds on meta and materializes what the rank owns. A tiny model'
 baseline of the whole-run peak. The prediction (raydl.parallel.memory) is computed here, before the run, from the
 same config. A run whose predicted total exceeds 4 GiB takes /tmp/raydl-bigmem.lock (`flock`) so that two memory-
 heavy jobs on this shared machine never overlap. The issue's targets are checked and printed:
-    build        during build and load, no worker above its own share (+ the largest tensor) by more than 25%
+    build        during build and load, no worker above its own share (+ the largest tensor) by more than 25%:
+                 its peak after the layout, materialization and load above its memory once built on meta (the
+                 model library's code imported, no storage); `build_from_start` also counts that import
+                 (transformers' modeling code: ~70 MiB, the same for any model size)
     fsdp         at dp=2 FSDP, the whole-run peak above the tiny model's <= 0.75 x the full fp32 model
     first step   at dp=2 FSDP, the 1B model's time from command to first step <= 0.6 x before
     prediction   predicted peak within 15% of the measured one (above the tiny model's)
@@ -34,7 +37,7 @@ from raydl.bench.startup import private_env
 BIN = Path(sys.executable).parent
 LOCK = "/tmp/raydl-bigmem.lock"
 BIG_BYTES = 4 * 2**30
-TARGETS = {"build_over_share": 1.25, "fsdp_run_over_model": 0.75, "first_step_after_over_before": 0.6,
+TARGETS = {"build_over_share": 1.25, "build_from_start_over_share": 1.25, "fsdp_run_over_model": 0.75, "first_step_after_over_before": 0.6,
            "prediction_error": 0.15}
 COMMON = ["train.optimizer=sgd", "train.momentum=0", "train.micro_batch_size=1", "train.global_batch_size=2",
           "train.max_steps=2", "train.eval_batches=1", "data.builtin_samples=4096", "telemetry.progress=false",
@@ -143,6 +146,7 @@ def train_once(work: Path, overrides: list[str], need: int, attempts: int = 2) -
     out: dict[str, Any] = {"to_first_step_s": startup["to_first_step_s"]}
     for r in ranks:
         out[f"rank{r['rank']}:start_mib"] = r["start_peak_mib"]
+        out[f"rank{r['rank']}:meta_now_mib"] = r["meta_now_mib"]
         out[f"rank{r['rank']}:built_mib"] = r["built_peak_mib"]
         out[f"rank{r['rank']}:end_mib"] = r["end_peak_mib"]
         out[f"rank{r['rank']}:pp_rank"] = r["coords"][1]
@@ -164,6 +168,9 @@ def analyse(name: str, layout: str, stats: dict[str, dict], tiny: dict[str, dict
                              "predicted_mib": round(want), "prediction_error": round(run / want - 1, 3),
                              "build_over_share": round(build / prediction["share_mib"], 3),
                              "run_over_model": round(run / prediction["model_mib"], 3)})
+            if side == "after":   # before, the whole model is built by the meta mark already
+                load = s[f"{r}:built_mib"]["median"] - s[f"{r}:meta_now_mib"]["median"]
+                per_rank[-1].update(load_mib=round(load), load_over_share=round(load / prediction["share_mib"], 3))
         rows[side] = {"ranks": per_rank, "to_first_step_s": s["to_first_step_s"]}
     before, after = rows["before"]["to_first_step_s"]["median"], rows["after"]["to_first_step_s"]["median"]
     rows["first_step_after_over_before"] = round(after / before, 3)
@@ -176,8 +183,10 @@ def report(row: dict) -> str:
     for side in SIDES:
         t = row[side]["to_first_step_s"]
         for r in row[side]["ranks"]:
+            load = (f" (of which after the meta build +{r['load_mib']:,} MiB, {r['load_over_share']:.2f} x share)"
+                    if "load_mib" in r else "")
             lines.append(f"  {side:6s} {r['rank']}: build+load +{r['build_mib']:,} MiB ({r['build_over_share']:.2f} x "
-                         f"share), run {r['run_above_tiny_mib']:,} MiB above tiny ({r['run_over_model']:.2f} x model) "
+                         f"share){load}, run {r['run_above_tiny_mib']:,} MiB above tiny ({r['run_over_model']:.2f} x model) "
                          f"vs predicted {r['predicted_mib']:,} ({100 * r['prediction_error']:+.0f}%)")
         lines.append(f"  {side:6s} {harness.describe('command -> first step', t, ' s')}")
     lines.append(f"  first step after/before: {row['first_step_after_over_before']:.2f}")
@@ -190,7 +199,8 @@ def targets(rows: list[dict]) -> dict[str, Any]:
     fsdp = [r["run_over_model"] for row, r in after if row["layout"] == "dp2-fsdp"]
     first = [row["first_step_after_over_before"] for row in rows if row["layout"] == "dp2-fsdp"
              and row["model"] == "gpt-1b"]
-    worst = {"build_over_share": max(r["build_over_share"] for _, r in after),
+    worst = {"build_over_share": max(r["load_over_share"] for _, r in after),
+             "build_from_start_over_share": max(r["build_over_share"] for _, r in after),
              "fsdp_run_over_model": max(fsdp) if fsdp else None,
              "first_step_after_over_before": first[0] if first else None,
              "prediction_error": max(abs(r["prediction_error"]) for _, r in after)}
@@ -241,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 NOTE = ("Peaks are RSS high-water marks (MiB) of each Ray Train worker; build_mib = after build+load minus at the "
-        "worker's start; run_above_tiny_mib = whole-run peak minus the same layout's tiny-model run (gpt 2x64). "
+        "worker's start; load_mib (after side) = the same peak minus the RSS once the model is built on meta (its "
+        "library imported, no storage): layout, materialization and load; run_above_tiny_mib = whole-run peak minus the same layout's tiny-model run (gpt 2x64). "
         "Timings ran on a shared 2-core machine with other work: noisy.")
 

@@ -1,15 +1,19 @@
-"""debug.memory_dir: each rank's peak memory at three moments of a start, for `raydl bench memory`.
+"""debug.memory_dir: each rank's peak memory at four moments of a start, for `raydl bench memory`.
 
     start   the worker process before it builds its model (interpreter, torch, Ray)
-    built   after its model is built, laid out, materialized and loaded (checkpoint or weights)
+    meta    after its model is built on meta: the model library's code imported (transformers' modeling module:
+            ~70 MiB of RSS for a Llama, whatever its size), its modules created, no tensor storage yet
+    built   after its model is laid out, materialized and loaded (checkpoint or weights)
     end     the whole run
 
-Peaks, not current values: resident set size's high-water mark on CPU (ru_maxrss), max_memory_allocated on a GPU.
+Peaks (`<mark>_peak_mib`): resident set size's high-water mark on CPU (ru_maxrss), max_memory_allocated on a GPU.
+Also the current value (`<mark>_now_mib`: VmRSS, memory_allocated), from which a later peak's growth is counted.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -27,8 +31,15 @@ class MemoryMarks:
         if not self.directory:
             return
         self.marks[f"{name}_peak_mib"] = peak_memory_mb(self.device)
+        self.marks[f"{name}_now_mib"] = _memory_now_mb(self.device)
         self.marks.update(about)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         path = Path(self.directory) / f"memory-rank{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"rank": rank, **self.marks}))
+
+
+def _memory_now_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return int(re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024

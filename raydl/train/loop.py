@@ -157,6 +157,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     memory = MemoryMarks(cfg.debug.memory_dir, session.device)
     memory.mark("start")
     model, init = build_for_worker(chosen, info.meta, cfg)   # on meta: allocated once laid out
+    memory.mark("meta")
     fingerprint = chosen.fingerprint(model)
     path = RecoveryPath(**job.get("recovery", NO_SURVIVORS))
     engine = build_engine(model, cfg, spec, session, info.meta, init, survivors=path.survivors)

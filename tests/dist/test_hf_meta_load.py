@@ -1,14 +1,17 @@
 """model.name=hf built on meta by workers: initial weights (transformers' init, seeded by name) and weights read
 from a save_pretrained directory are equal to the bit at pp=2, dp=2 (FSDP2: each rank reads its rows) and dp=1,
-and a pipeline rank holds no tensor of another stage. One spawned gloo group builds every case."""
+the embeddings' (and head's) files in bf16 (read into the fp32 parameters chunk by chunk), and a pipeline rank holds no tensor
+of another stage. One spawned gloo group builds every case."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from raydl.models.hf.model import build_causal_lm
 from raydl.models.hf.options import HfOptions
@@ -54,6 +57,9 @@ def _save_weights(folder: Path) -> None:
         model.lm_head.weight.copy_(model.model.embed_tokens.weight)
     model.config.tie_word_embeddings = True
     model.save_pretrained(folder, max_shard_size="30KB")
+    where = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    for shard in {folder / where[k] for k in ("model.embed_tokens.weight", "lm_head.weight") if k in where}:
+        save_file({k: v.bfloat16() for k, v in load_file(shard).items()}, shard, metadata={"format": "pt"})
 
 
 @pytest.mark.slow

@@ -2,24 +2,26 @@
 
     check_weights(directory, expected)    the driver (and every worker): headers only, before any tensor is read
     SafetensorsSource(directory, ...)     a worker: `fill(module)` reads a module's tensors into what this rank
-                                          holds of them (an FSDP2 shard: its rows), from `safe_open(...).get_slice`
+                                          holds of them (an FSDP2 shard: its rows), with `read_region`
 
 A module is filled after the layout is applied and its tensors allocated (`raydl.parallel.materialize`), so
-a pipeline stage reads only its own layers' tensors and an FSDP2 shard only its rows: a rank holds what it
-owns plus the one slice being copied. Files are untrusted: their headers are parsed here with bounds on
-every length, only names of the index's own directory are opened, and safetensors holds no code.
+a pipeline stage reads only its own layers' tensors and an FSDP2 shard only its rows, each straight into its
+own storage (`raydl.models.hf.safetensors_file`: no mapping, no copy): a rank holds what it owns plus a 4 MiB
+buffer when a dtype is converted. Files are untrusted: their headers are parsed with bounds on every length
+and offset, only names of the index's own directory are opened, and safetensors holds no code.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from raydl.errors import ConfigError
+from raydl.models.hf.safetensors_file import FLOATS, Stored, read_header, read_region
 
 __all__ = ["WeightsIndex", "check_weights", "expected_tensors", "SafetensorsSource"]
 
@@ -27,8 +29,6 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FIELD = "model.options.weights"
 RESAVE = "re-save the model with save_pretrained (safetensors, its default)"
-_MAX_HEADER = 100 * 2**20   # bytes: a header is JSON of names, dtypes, shapes and offsets
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 class WeightsIndex:
@@ -36,10 +36,10 @@ class WeightsIndex:
 
     def __init__(self, directory: str | Path):
         self.folder = Path(directory).expanduser()
-        self.tensors: dict[str, tuple[str, tuple[int, ...], str]] = {}   # name -> (file, shape, dtype)
+        self.tensors: dict[str, tuple[str, Stored]] = {}   # name -> (file, where in it)
         for name in self._files():
-            for key, (shape, dtype) in _header(self.folder / name).items():
-                self.tensors[key] = (name, shape, dtype)
+            for key, stored in _header(self.folder / name).items():
+                self.tensors[key] = (name, stored)
 
     def _files(self) -> list[str]:
         index = self.folder / INDEX
@@ -65,20 +65,17 @@ class WeightsIndex:
                           "safetensors, never pickled .bin files", RESAVE)
 
 
-def _header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, dtype) from a safetensors file's header (8-byte length, then JSON); no tensor is read."""
-    problem = f"'{path.name}' is not a readable safetensors file"
+def _header(path: Path) -> dict[str, Stored]:
+    """The checked header of one file (`read_header`), its problems as the field's error."""
     try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > min(_MAX_HEADER, path.stat().st_size - 8):
-                raise ValueError(f"header length {length}")
-            header = json.loads(f.read(length))
-        tensors = {k: (tuple(int(n) for n in v["shape"]), str(v["dtype"]))
-                   for k, v in header.items() if k != "__metadata__"}
-    except (OSError, ValueError, struct.error, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(FIELD, f"{problem} ({type(e).__name__}: {str(e)[:100]})", RESAVE) from None
-    return tensors
+        return read_header(path)
+    except (OSError, ValueError) as e:
+        raise _unreadable(path, e) from None
+
+
+def _unreadable(path: Path, e: Exception) -> ConfigError:
+    return ConfigError(FIELD, f"'{path.name}' is not a readable safetensors file ({type(e).__name__}: "
+                       f"{str(e)[:200]})", RESAVE)
 
 
 def check_weights(directory: str, expected: dict[str, tuple[int, ...]], aliases: dict[str, str]) -> WeightsIndex:
@@ -91,8 +88,8 @@ def check_weights(directory: str, expected: dict[str, tuple[int, ...]], aliases:
         found = index.tensors.get(name) or index.tensors.get(aliases.get(name, ""))
         if found is None:
             missing.append(name)
-        elif found[1] != tuple(shape) or found[2] not in _DTYPES:
-            wrong.append(f"{name} is {found[2]} {list(found[1])}, the model's is {list(shape)}")
+        elif found[1].shape != tuple(shape) or found[1].dtype not in FLOATS:
+            wrong.append(f"{name} is {found[1].dtype} {list(found[1].shape)}, the model's is {list(shape)}")
     if missing:
         raise ConfigError(FIELD, f"'{index.folder}' lacks {len(missing)} of the model's {len(expected)} tensors "
                           f"(first: {', '.join(missing[:3])})", "pass the complete directory save_pretrained "
@@ -128,19 +125,19 @@ class SafetensorsSource:
 
     @torch.no_grad()
     def fill(self, module: nn.Module) -> bool:
-        """Copy this rank's part of each of `module`'s tensors from the files; False (nothing read) if it has
-        a tensor the files lack."""
-        from safetensors import safe_open
-
+        """Read this rank's part of each of `module`'s tensors from the files into its storage; False (nothing
+        read) if it has a tensor the files lack."""
         keys = self.keys(module)
         if keys is None:
             return False
         for attr, key in keys.items():
-            target = getattr(module, attr)
-            local, region = _local_region(target)
-            # Opened per tensor: the file's mapping (counted in RSS as it is touched) ends with the copy.
-            with safe_open(str(self.index.folder / self.index.tensors[key][0]), framework="pt") as f:
-                local.copy_(f.get_slice(key)[region] if region else f.get_tensor(key))
+            local, region = _local_region(getattr(module, attr))
+            file, stored = self.index.tensors[key]
+            path = self.index.folder / file
+            try:
+                read_region(path, stored, region, local)
+            except (OSError, ValueError) as e:
+                raise _unreadable(path, ValueError(f"tensor '{key}': {e}")) from None
         return True
 
 
