@@ -32,90 +32,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ray.tune import Callback
 
 from raydl import log as raydl_log
 from raydl import storage
 from raydl.metrics import tensorboard, trackers
-from raydl.metrics.sink import WORKERS_LOG
-from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
+from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
-from raydl.train import checkpoint as ckpt
 from raydl.telemetry.cost import CPU, Pricing
 from raydl.tune import mirror as sweep_mirror
 from raydl.tune import report
-from raydl.tune.space import (SweepSpec, parse_sweep, trains_in_trial, trial_config, trial_cpus_gpus,
-                               trial_resources, trial_tree)
-from raydl.tune.trial_session import InTrialSession, TrialMetrics, TrialReporter
+from raydl.tune.progress import (COMPLETED_FILE, STARTS_FILE, TUNE_DIR, Progress, QuietRaydlTrialErrors,
+                                 note_start, read_starts)
+from raydl.tune.space import SweepSpec, parse_sweep, trial_config, trial_cpus_gpus, trial_resources
+from raydl.tune.trial import TRIALS_DIR, attempts_of, run_trial, trial_history
 
-SWEEP_FILE, TUNE_DIR, TRIALS_DIR, COMPLETED_FILE = "sweep.yaml", "tune", "trials", "completed_trials.txt"
-STARTS_FILE = "trial_starts.jsonl"
+SWEEP_FILE = "sweep.yaml"
 REPORT_FILES = ("results.csv", "results.json", "results.png", "best.yaml")
 
 log = logging.getLogger(__name__)
-
-
-def _attempts(trial_dir: Path) -> list[Path]:
-    return sorted(trial_dir.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
-
-
-def trial_history(trial_dir: Path) -> list[dict[str, Any]]:
-    return report.stitch([report.read_records(a) for a in _attempts(trial_dir)])
-
-
-def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, mirror: str | None = None, model=None,
-              import_dir: str = "") -> None:
-    """The Tune trainable: one raydl training run; a rerun after Tuner.restore continues from the last checkpoint.
-    `mirror`: the sweep's place in a bucket (raydl.tune.mirror), or None. `model`: the ModelSpec object of
-    raydl.sweep(model=...), or None for model.name's, which is imported from `import_dir` (the sweep driver's
-    working directory; Tune runs trials in their own)."""
-    from ray import tune
-
-    from raydl.driver.prepare import checkpoints_location, prepare_run
-    from raydl.models.registry import search_from
-
-    raydl_log.configure()   # the driver's verbosity, from RAYDL_VERBOSITY in the runtime env
-    raydl_log.quiet_exits_in_callbacks()   # Tune ends this actor with SIGTERM
-    search_from(import_dir)
-    spec = parse_sweep(sweep)
-    trial_id = tune.get_context().get_trial_id()
-    if mirror:   # its earlier attempts may have run on another node
-        sweep_mirror.pull(mirror, Path(sweep_dir), TRIALS_DIR, trial_id)
-    trial_dir = Path(sweep_dir) / TRIALS_DIR / trial_id
-    attempts = _attempts(trial_dir)
-    # An attempt's checkpoints are in its directory, or where the sweep's checkpoint.storage_path (a bucket) put them.
-    latest = (ckpt.find_latest(checkpoints_location(str(a))) for a in reversed(attempts))
-    resume_from = next((c for c in latest if c), None)
-    resumed_step = ckpt.read_state(resume_from)["step"] if resume_from else 0
-    overrides = {"run.dir": str(trial_dir / f"attempt-{len(attempts) + 1}"), "scaling.max_failures": 0,
-                 **({"checkpoint.storage_path": sweep_mirror.trial_checkpoints(mirror, trial_id)} if mirror else {})}
-    tree = apply_overrides(trial_tree(spec, params), overrides)
-    run = prepare_run(build_config(tree), resume=str(resume_from) if resume_from else None, model=model)
-    run.job[tensorboard.JOB_KEY] = str(Path(sweep_dir) / tensorboard.EVENTS_DIR / trial_dir.name)   # attempts append
-    run.job[trackers.JOB_KEY] = trackers.job_settings(run.cfg, run_key=trial_dir.name, run_name=trial_dir.name,
-                                                      parent=trackers.SweepRuns.read(Path(sweep_dir)))   # attempts too
-    prior = report.stitch([report.read_records(a) for a in attempts], upto_step=resumed_step)
-    metrics = TrialMetrics(target=spec.target_loss, target_metric=spec.target_metric, records=prior)
-    try:
-        train(run, metrics)   # raises on any failure -> trial ERROR
-    finally:
-        if mirror:
-            sweep_mirror.push_attempt(run.run_dir, mirror, trial_id)
-
-
-def train(run, metrics: TrialMetrics) -> None:
-    """One attempt of a trial: in this process for one worker, else through a Ray Train controller."""
-    if trains_in_trial(run.cfg):
-        from raydl.train.loop import train_worker
-
-        train_worker(run.job, InTrialSession(str(run.run_dir), run.job["run_id"], run.cfg,
-                                             tensorboard.events_dir(run.cfg, run.job),
-                                             trackers.settings_for(run.cfg, run.job), metrics))
-        return
-    from raydl.driver.ray_trainer import build_trainer
-
-    run.job["tune_reports"] = True   # Tune sees a multi-worker trial only through its Train reports
-    build_trainer(run, callbacks=[TrialReporter(metrics)]).fit()
 
 
 def max_concurrent(spec: SweepSpec, cluster: dict[str, float], *, use_gpu: bool) -> int:
@@ -149,60 +83,6 @@ def _asha(spec: SweepSpec):
     return ASHAScheduler(time_attr="samples", metric=metric, mode="min", max_t=budget - 1,
                          grace_period=spec.asha.grace(budget),
                          reduction_factor=spec.asha.reduction_factor, stop_last_trials=False)
-
-
-class Progress(Callback):
-    """One line per trial start/end on the driver (Tune's own status table is turned off).
-
-    Also notes every trial Tune completed (finished or stopped by ASHA) in COMPLETED_FILE: a trial
-    that an interrupt cut short is stopped too, but without this call, so the file tells them apart.
-    """
-
-    def __init__(self, sweep_dir: Path):
-        self.completed = sweep_dir / COMPLETED_FILE
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        note_start(self.completed.parent, trial=trial.trial_id)
-        log.info(f"trial {trial.trial_id} started: {_short(trial.config)}")
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        with self.completed.open("a") as f:
-            f.write(trial.trial_id + "\n")
-        log.info(f"trial {trial.trial_id} finished")
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        sweep_dir = self.completed.parent
-        attempts = _attempts(sweep_dir / TRIALS_DIR / trial.trial_id)
-        logs = [str(attempts[-1] / WORKERS_LOG)] if attempts and (attempts[-1] / WORKERS_LOG).exists() else []
-        if trial.error_file:   # Tune writes it in its staging directory, synced to the sweep's tune/ from there
-            logs.append(str(sweep_dir / TUNE_DIR / trial.trial_id / Path(trial.error_file).name))
-        where = " and ".join(logs)
-        log.info(f"trial {trial.trial_id} failed (recorded as infeasible)" + (f"; traceback in {where}" if where else ""))
-
-
-class QuietRaydlTrialErrors(logging.Filter):
-    """Tune logs a failed trial's error with its traceback on the console. One that raydl raised (bad data, a
-    diverged loss) is said by the failed-trial line and the report's row, and its traceback is in the files
-    that line names (Tune's error.txt, the attempt's workers.log): it is dropped here, below -v."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.exc_info is None or raydl_error_in(record.exc_info[1]) is None
-
-
-def note_start(sweep_dir: Path, **what: str) -> None:
-    """One line of STARTS_FILE: the sweep's start ({}) or a trial's (trial=ID), at the driver's clock now."""
-    with (sweep_dir / STARTS_FILE).open("a") as f:
-        f.write(json.dumps({**what, "time": time.time()}) + "\n")
-
-
-def read_starts(sweep_dir: Path) -> list[dict[str, Any]]:
-    path = sweep_dir / STARTS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def _short(config: dict[str, Any]) -> str:
-    return ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
-                     for k, v in config.items())
 
 
 def _absolute_paths(base: dict[str, Any]) -> dict[str, Any]:
@@ -426,7 +306,7 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str],
         status, reason = "stopped", "stopped early by ASHA"
     else:
         status, reason = "unfinished", "sweep interrupted; continue with --resume"
-    attempts = _attempts(sweep_dir / TRIALS_DIR / trial_id)
+    attempts = attempts_of(sweep_dir / TRIALS_DIR / trial_id)
     attempt_records = [report.read_records(a) for a in attempts]
     cost = report.trial_cost(attempt_records,
                              metrics.get("eval_loss") if metrics.get("final") else None,
