@@ -257,9 +257,7 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
         set_lr(w.optimizer, lr)
         with phase("forward_backward"):
             stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
-        checkpoint_due, report_due = due(w, state.step + 1)
-        if w.survivors and (stats := w.survivors.average(
-                stats, quorum_ahead=not report_due and state.step + 1 < w.total_steps)) is None:
+        if w.survivors and (stats := w.survivors.average(stats)) is None:
             continue   # a peer failed during the step: discarded, its rows taken again after the next quorum
         with phase("optimizer"):
             grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
@@ -278,7 +276,11 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
             t_eval = time.perf_counter()
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
-        if report_due:
+        # On the survivors path, checkpoints wait for the full group: Ray's report is a barrier of every worker,
+        # which a replacement still starting would not reach before the survivors' quorum times out.
+        checkpoint_due = (state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps) and \
+            (not w.survivors or w.survivors.members.size == w.session.world_size)
+        if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
             t_report = time.perf_counter()
             agreed = report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, saved_on_notice=saved_on_notice)
             w.clock.spend("checkpoint" if w.last_checkpoint_step == state.step else "report",
@@ -289,15 +291,6 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
             if agreed.stop_signum:
                 return state, agreed.stop_signum
     return state, 0
-
-
-def due(w: Worker, step: int) -> tuple[bool, bool]:
-    """(a checkpoint, a report) after `step`. On the survivors path, checkpoints wait for the full group: Ray's
-    report is a barrier of every worker, which a replacement still starting would not reach before the
-    survivors' quorum times out."""
-    checkpoint_due = (step % w.cfg.checkpoint.every_steps == 0 or step == w.total_steps) and \
-        (not w.survivors or w.survivors.members.size == w.session.world_size)
-    return checkpoint_due, checkpoint_due or step % w.cfg.telemetry.report_every == 0
 
 
 def evaluate(w: Worker) -> dict[str, float]:

@@ -7,14 +7,11 @@ a replacement in its place without stopping the others. Across the workers, a to
 quorum per step and reconfigures a gloo (NCCL on GPU) process group when the members change. raydl keeps its
 own guarantees on top of torchft's:
 
-  * the quorum comes first (use_async_quorum=False: torchft heals a replica before it returns), so a step knows
-    who trains it before it takes rows. After a committed step that no report follows, the next step's quorum
-    starts at once in a thread of its own, while this step's optimizer step runs (`average(quorum_ahead=True)`):
-    its round trip to the Lighthouse is hidden, and a peer copying this replica's state waits until the step is
-    settled (`committed`). A report's collective runs before the next quorum, never on a new group. A step's
-    rows (raydl.data.order, a pure function of the data position) are split over the live replicas and each
-    accumulates global / (micro x live) micro-batches: the global batch stays the same at every size, and every
-    row of the epoch is still taken once (torchft's DistributedSampler and its dynamic world size do neither);
+  * the quorum comes first, synchronously (use_async_quorum=False), so a step knows who trains it before it
+    takes rows: its rows (raydl.data.order, a pure function of the data position) are split over the live
+    replicas and each accumulates global / (micro x live) micro-batches: the global batch stays the same at
+    every size, and every row of the epoch is still taken once (torchft's DistributedSampler and its dynamic
+    world size do neither);
   * one all-reduce per step averages the flattened gradients and the loss over the live replicas; a step whose
     all-reduce failed (a peer died in it) is not committed: the survivors discard it and take its rows again
     after the next quorum. No other step is redone;
@@ -27,9 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -86,11 +81,6 @@ class Survivors:
         self._joined = False
         self._planned: tuple[Members, DataPosition] | None = None   # what the current loader serves next
         self._batches: Iterator | None = None
-        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raydl_quorum",   # torchft reads the
-                                         initializer=_use_device, initargs=(device,))        # thread's device
-        self._next_quorum: Future | None = None   # the next step's quorum, started after a commit
-        self._settled = threading.Event()         # clear while the optimizer steps: no peer copies half a step
-        self._settled.set()
         self.manager = Manager(
             pg=self.pg, load_state_dict=self._load, state_dict=self._state_dict, min_replica_size=1,
             use_async_quorum=False,   # heal and learn the members before the step takes its rows
@@ -100,12 +90,10 @@ class Survivors:
 
     # -- what a peer sends and a newcomer loads (torchft calls these from its quorum)
     def _state_dict(self) -> dict[str, Any]:
-        self._wait_settled()
         return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None, "trainer": self.state}
 
     def _load(self, sent: dict[str, Any]) -> None:
-        self._wait_settled()
         self.model.load_state_dict(sent["model"])
         self.optimizer.load_state_dict(sent["optim"])
         if self.scaler and sent["scaler"]:
@@ -136,10 +124,6 @@ class Survivors:
         replica just copied one, and the batch). A change of members or position re-plans the rows."""
         if self._joined:
             self._joined = False
-        elif self._next_quorum is not None:
-            self._next_quorum.result()   # started after the last commit (`average`): usually done by now
-            self._next_quorum = None
-            self._read_members()
         else:
             self._quorum(state)
         state = self._take_healed() or self.state
@@ -150,11 +134,9 @@ class Survivors:
         self._planned = (self.members, batch.position)
         return state, batch
 
-    def average(self, stats: StepStats, *, quorum_ahead: bool = False) -> StepStats | None:
+    def average(self, stats: StepStats) -> StepStats | None:
         """Mean gradients and loss over the live replicas, in one all-reduce. None: the step is discarded
-        (a peer failed during it); its rows are taken again after the next quorum. `quorum_ahead`: no collective
-        of this replica's follows before the next step (no report): once committed, start the next step's quorum
-        now, overlapping the optimizer step; `committed` settles the state a newcomer may copy."""
+        (a peer failed during it); its rows are taken again after the next quorum."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
@@ -166,17 +148,13 @@ class Survivors:
             self._planned = None
             self.optimizer.zero_grad(set_to_none=True)
             return None
-        if quorum_ahead:
-            self._settled.clear()
-            self._next_quorum = self._ahead.submit(self.manager.start_quorum)
         for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
-            p.grad = g.view_as(p)   # the averaged gradients in place: no copy back (zero_grad drops the views)
+            p.grad.copy_(g.view_as(p.grad))
         return replace(stats, loss=flat[-1])
 
     def committed(self, state: dict[str, Any]) -> None:
-        """The step is done (its optimizer step too): `state` is what a newcomer copies from now on."""
+        """The step is done: `state` is what a newcomer copies from now on."""
         self.state = state
-        self._settled.set()
 
     def all_reduce_sum(self, t: torch.Tensor) -> None:
         """Sum over the live replicas (raydl.train.agree's one collective at a report); a peer lost during it
@@ -201,23 +179,14 @@ class Survivors:
     def close(self) -> None:
         if self._batches is not None:
             self._batches.close()
-        self._ahead.shutdown(wait=False)
         self.manager.shutdown(wait=False)
 
     # -- inside
     def _quorum(self, state: dict[str, Any]) -> None:
         self.state = state
         self.manager.start_quorum()   # synchronous: reconfigures the group and copies a peer if behind
-        self._read_members()
-
-    def _read_members(self) -> None:
-        self.members = Members(self.manager.participating_rank(), self.manager.num_participants())
-
-    def _wait_settled(self) -> None:
-        """torchft calls `_state_dict`/`_load` from its quorum, which may run while this replica's optimizer steps
-        (`average(quorum_ahead=True)`): wait for the step to be committed."""
-        if not self._settled.wait(TIMEOUT.total_seconds()):
-            raise TimeoutError(f"the step was not committed within {TIMEOUT}: no state to send or load")
+        rank, size = self.manager.participating_rank(), self.manager.num_participants()
+        self.members = Members(rank, size)
 
     def _take_healed(self) -> dict[str, Any] | None:
         healed, self.healed = self.healed, None
@@ -238,11 +207,6 @@ def replica_id(rank: int) -> str:
     trained since their last report; the ones a dead leader had not reported are the next leader's to send.
     torchft reads the worker's rank from the id's trailing digits."""
     return f"raydl_{time.time_ns():020d}_{rank}"
-
-
-def _use_device(device: torch.device) -> None:
-    if device.type != "cpu" and device.index is not None:
-        torch.accelerator.set_device_index(device.index)
 
 
 def _sum_op():
