@@ -37,8 +37,8 @@ from raydl.bench.startup import private_env
 BIN = Path(sys.executable).parent
 LOCK = "/tmp/raydl-bigmem.lock"
 BIG_BYTES = 4 * 2**30
-TARGETS = {"build_over_share": 1.25, "build_from_start_over_share": 1.25, "fsdp_run_over_model": 0.75, "first_step_after_over_before": 0.6,
-           "prediction_error": 0.15}
+TARGETS = {"build_over_share": 1.25, "build_from_start_over_share": 1.25, "fsdp_run_over_model": 0.75,
+           "first_step_after_over_before": 0.6, "prediction_error": 0.15}
 COMMON = ["train.optimizer=sgd", "train.momentum=0", "train.micro_batch_size=1", "train.global_batch_size=2",
           "train.max_steps=2", "train.eval_batches=1", "data.builtin_samples=4096", "telemetry.progress=false",
           "checkpoint.every_steps=1000", "train.warmup_steps=1"]

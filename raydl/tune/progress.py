@@ -17,7 +17,7 @@ from raydl.tune.trial import TRIALS_DIR, attempts_of
 
 TUNE_DIR, COMPLETED_FILE, STARTS_FILE = "tune", "completed_trials.txt", "trial_starts.jsonl"
 
-log = logging.getLogger("raydl.tune.sweep")   # the sweep's console lines, whichever module says them
+log = logging.getLogger(__name__)
 
 
 class Progress(Callback):
