@@ -1,7 +1,9 @@
-"""Throughput as a stopwatch sees it, on a real local Ray: a default 2-worker run of 200 steps keeps its wall-clock
-rate (samples over the elapsed time of its steady steps, from metrics.jsonl's own clock) within 0.9 of its median
-step rate, and summary.json's samples/s is that wall-clock rate. Before reports went around Ray Train's
-controller, the step after every report waited ~200 ms for the controller's poll: 0.62 of the step rate."""
+"""Throughput as a stopwatch sees it, on a real local Ray: in a default 2-worker run of 200 steps, the wall time of
+its steady steps (metrics.jsonl's own clock) is its steps plus what ran between them, and what ran between them other
+than the checkpoint is under a tenth of it; summary.json's samples/s is that wall-clock rate. Before reports went
+around Ray Train's controller, the step after every report waited ~200 ms for the controller's poll: 0.62 of the step
+rate. The ratio of wall rate to median step rate is a benchmark's claim (`raydl bench overhead`, `scaling`), not
+this test's: on a loaded machine the steps' own spread moves it."""
 
 from __future__ import annotations
 
@@ -22,9 +24,13 @@ def test_reports_cost_the_default_run_under_a_tenth_of_its_wall_time(ray_session
     records = [json.loads(x) for x in (tmp_path / summary["run_dir"].split("/")[-1] / "metrics.jsonl").open()]
     first = len(records) // 5
     steady = records[first:]
-    wall = sum(r["samples"] for r in steady) / (steady[-1]["time"] - records[first - 1]["time"])
+    window_s = steady[-1]["time"] - records[first - 1]["time"]
+    wall = sum(r["samples"] for r in steady) / window_s
+    assert sum(r["step_s"] + r["between_s"] for r in steady) == pytest.approx(window_s, rel=0.01)
+    off_step = sum(r["between_s"] - r["checkpoint_s"] for r in steady)
+    assert off_step < 0.1 * window_s, (off_step, window_s, summary["time_in"])
+    assert sum(r["report_s"] for r in steady) < 0.05 * window_s
     step_rate = statistics.median(r["samples_per_s"] for r in steady)
-    assert wall >= 0.9 * step_rate, (wall, step_rate, summary["time_in"])
     assert summary["samples_per_s"] == pytest.approx(wall, rel=0.01)
     assert summary["step_rate"] == pytest.approx(step_rate)
     time_in = summary["time_in"]
