@@ -90,7 +90,7 @@ def predicted(overrides: list[str], data_cache: Path, device_type: str = "cpu") 
     from raydl.parallel.memory import Setting, build_bytes
     from raydl.parallel.memory_probe import model_memory
     from raydl.parallel.memory_fit import predict_memory
-    from raydl.parallel.mesh import Layout
+    from raydl.parallel.mesh import layout_for
 
     cfg = load_config(None, [*overrides, f"data.cache_dir={data_cache}"])
     chosen = choose_model(cfg.model, None)
@@ -98,7 +98,7 @@ def predicted(overrides: list[str], data_cache: Path, device_type: str = "cpu") 
     with torch.device("meta"), SkipWeightInit():
         model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     mm = model_memory(model, chosen.spec, info.meta)
-    layout = Layout.from_config(cfg, cfg.scaling.max_workers, num_blocks=len(mm.blocks), model_memory=mm)
+    layout = layout_for(cfg, cfg.scaling.max_workers, num_blocks=len(mm.blocks), model_memory=mm)
     p = predict_memory(layout, mm, Setting.from_config(cfg, device_type))
     share = build_bytes(mm, dp=layout.dp, pp=layout.pp, schedule=layout.schedule, stage_cuts=layout.stage_cuts,
                         wrapper=layout.dp_wrapper)

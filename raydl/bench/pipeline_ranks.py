@@ -27,7 +27,7 @@ from raydl.bench.pipeline_model import (
     saved_bytes,
 )
 from raydl.bench.procs import free_port
-from raydl.parallel.mesh import Layout
+from raydl.parallel.layout import Layout
 from raydl.parallel.pipeline import pipeline_model
 
 

@@ -29,7 +29,7 @@ from raydl.overrides import dump_yaml
 from raydl.parallel import recovery
 from raydl.parallel.memory import ModelMemory
 from raydl.parallel.memory_probe import model_memory
-from raydl.parallel.mesh import Layout
+from raydl.parallel.mesh import layout_for, needs_profile
 from raydl.parallel.profile import memory_budget
 from raydl.telemetry.cost import Pricing
 
@@ -151,13 +151,13 @@ def check_layout(cfg: JobConfig, *, num_blocks: int, model_memory: ModelMemory |
     """Fail on the driver (exit 2) for a layout no worker group could run, at every allowed size: torch would
     refuse it, or its predicted peak memory exceeds a worker's budget (scaling.memory_per_worker_gb, else, for
     workers on this machine, its GPU's memory or its RAM shared by the workers)."""
-    if Layout.needs_profile(cfg):
+    if needs_profile(cfg):
         return   # planned on the workers, from a profile measured on their devices
     device = torch.device("cuda" if cfg.scaling.use_gpu != "false" and torch.cuda.is_available() else "cpu")
     known = model_memory is not None and (local or cfg.scaling.memory_per_worker_gb > 0)
     for world_size in sorted({cfg.scaling.min_workers, cfg.scaling.max_workers}):
         on_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if launcher == "torchrun" else world_size
         budget = memory_budget(cfg, device, on_host) if known else 0
-        Layout.from_config(cfg, world_size, num_blocks=num_blocks, memory_bytes=budget,
+        layout_for(cfg, world_size, num_blocks=num_blocks, memory_bytes=budget,
                            param_bytes=model_memory.param_bytes if model_memory else 0,
                            model_memory=model_memory if known else None, device_type=device.type)

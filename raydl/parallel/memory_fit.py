@@ -1,21 +1,19 @@
 """Does a layout fit the memory of its workers: the prediction of `raydl.parallel.memory` for a `Layout`, and the
-refusal, one paragraph of numbers and the layouts that would fit (`Layout.from_config` raises it on the driver
+refusal, one paragraph of numbers and the layouts that would fit (`mesh.layout_for` raises it on the driver
 before any worker starts, and on the workers)."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.parallel import constraints, memory
+from raydl.parallel.layout import Layout
 from raydl.parallel.memory import ModelMemory, Setting
 from raydl.parallel.batching import batch_split
 
-if TYPE_CHECKING:
-    from raydl.parallel.mesh import Layout
 
 __all__ = ["predict_memory", "peak_with", "check_memory"]
 

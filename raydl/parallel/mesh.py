@@ -1,6 +1,6 @@
 """The layout of a worker group: data-parallel × pipeline degrees and the batch arithmetic.
 
-`Layout.from_config` is the one place that turns a config and a world size into dp × pp ×
+`layout_for` is the one place that turns a config and a world size into dp × pp ×
 micro-batches, at every worker-group start, so a resized group gets a new layout while the
 global batch stays the same (global = micro-batch × accumulation (or pipeline micro-batches) × dp).
 pp is the config's, or with parallel.pp_degree=auto the planner's choice from a profile of the
@@ -10,109 +10,64 @@ model. `build_mesh` is the only torch.distributed call here.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.parallel import constraints, search
 from raydl.parallel.batching import batch_split
 from raydl.parallel.cost_model import Candidate
+from raydl.parallel.layout import Layout
 from raydl.parallel.memory import ModelMemory, Setting
+from raydl.parallel.memory_fit import check_memory, peak_with
 from raydl.parallel.profile import ModelProfile
-from raydl.parallel.wrapper_policy import WRAPPER_NAMES, choose_dp_wrapper
+from raydl.parallel.wrapper_policy import choose_dp_wrapper
 
-__all__ = ["Layout", "describe", "batch_split", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
-
-
-@dataclass(frozen=True)
-class Layout:
-    world_size: int
-    dp: int
-    pp: int
-    micro_batch: int          # samples per forward on one rank
-    num_microbatches: int     # per optimizer step and replica (gradient accumulation when pp == 1)
-    schedule: str = "none"
-    stage_cuts: tuple[int, ...] = ()
-    dp_wrapper: str = "none"  # the data-parallel wrapper this group trains with (parallel.dp_wrapper, or auto's choice)
-    dp_wrapper_reason: str = ""
-
-    @staticmethod
-    def needs_profile(cfg: JobConfig) -> bool:
-        """parallel.pp_degree=auto: the planner chooses from a profile of the model on the device."""
-        return cfg.parallel.pp_degree == "auto"
-
-    @classmethod
-    def from_config(cls, cfg: JobConfig, world_size: int, profile: ModelProfile | None = None, *,
-                    num_blocks: int, memory_bytes: int = 0, param_bytes: int = 0,
-                    model_memory: ModelMemory | None = None, device_type: str = "cpu") -> Layout:
-        """The layout this world size trains with, validated (LayoutError with the numbers and the fix).
-
-        With pp_degree=auto, `profile` and `memory_bytes` (per worker) are what the planner chooses from;
-        with dp_wrapper=auto, `param_bytes` (the model's) and `memory_bytes` choose the wrapper. With
-        `model_memory` both choose by the memory prediction (`raydl.parallel.memory`), and a layout whose
-        predicted peak exceeds `memory_bytes` is refused with the numbers and the layouts that would fit.
-        """
-        p = cfg.parallel
-        if cls.needs_profile(cfg):
-            chosen, _ = plan_layouts(profile, cfg, world_size=world_size, memory_bytes=memory_bytes,
-                                     model_memory=model_memory, device_type=device_type)
-            pp, schedule, m, cuts = chosen.pp, chosen.schedule, chosen.num_microbatches, chosen.stage_cuts
-        else:
-            pp, schedule, cuts = p.pp_degree, p.schedule, tuple(p.stage_cuts)
-            m = p.num_microbatches if pp > 1 else 0   # 0: the accumulation count follows from the batch sizes
-            if pp > 1:
-                constraints.check_mesh(num_blocks, world_size, pp, schedule)
-        dp = world_size // pp
-        micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
-                               dp=dp, strict=not _elastic(cfg), num_microbatches=m)
-        pipelined = pp > 1
-        layout = cls(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
-                     schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
-        from raydl.parallel.memory_fit import check_memory, peak_with   # it builds Layouts: imported here
-
-        predicted = None if model_memory is None else functools.partial(
-            peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
-        wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
-                                         memory_bytes=memory_bytes, predicted=predicted,
-                                         in_backward=cfg.train.optimizer_in_backward)
-        layout = replace(layout, dp_wrapper=wrapper, dp_wrapper_reason=why)
-        validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper,
-                 cpu_offload=cfg.train.cpu_offload)
-        if model_memory is not None and memory_bytes:
-            check_memory(layout, cfg, model_memory, memory_bytes=memory_bytes, device_type=device_type)
-        return layout
-
-    @property
-    def global_batch(self) -> int:
-        return self.dp * self.num_microbatches * self.micro_batch
-
-    def coords(self, rank: int) -> tuple[int, int]:
-        """rank -> (dp_rank, pp_rank); pp is the inner axis so a pipeline's stages are neighbours."""
-        return rank // self.pp, rank % self.pp
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["layout_for", "needs_profile", "plan_layouts", "min_micro_batch", "validate", "build_mesh"]
 
 
-def describe(layout: Layout, *, start_step: int, num_params: int) -> str:
-    """The layout as one sentence for the console, e.g. "2 workers: data-parallel × 2 (DDP: ...), micro-batch 32,
-    no pipeline, from step 0, 0.80M params"."""
-    axes = []
-    if layout.dp > 1:
-        name = WRAPPER_NAMES.get(layout.dp_wrapper, layout.dp_wrapper)
-        axes.append(f"data-parallel × {layout.dp} ({name}: {layout.dp_wrapper_reason})")
-    if layout.pp > 1:
-        cuts = f", later stages start at blocks {', '.join(map(str, layout.stage_cuts))}" if layout.stage_cuts else ""
-        axes.append(f"pipeline × {layout.pp} (schedule {layout.schedule}, {layout.num_microbatches} micro-batches "
-                    f"of {layout.micro_batch}{cuts})")
-    parts = [" × ".join(axes) or "no data parallelism"]
-    if layout.pp == 1:
-        m = layout.num_microbatches
-        batch = (f"{m} micro-batches of {layout.micro_batch} accumulated per step" if m > 1 else
-                 f"micro-batch {layout.micro_batch}")
-        parts += [batch, "no pipeline"]
-    workers = f"{layout.world_size} worker{'s' if layout.world_size != 1 else ''}"
-    return f"{workers}: {', '.join(parts)}, from step {start_step}, {num_params / 1e6:.2f}M params"
+def needs_profile(cfg: JobConfig) -> bool:
+    """parallel.pp_degree=auto: the planner chooses from a profile of the model on the device."""
+    return cfg.parallel.pp_degree == "auto"
+
+
+def layout_for(cfg: JobConfig, world_size: int, profile: ModelProfile | None = None, *,
+                num_blocks: int, memory_bytes: int = 0, param_bytes: int = 0,
+                model_memory: ModelMemory | None = None, device_type: str = "cpu") -> Layout:
+    """The layout this world size trains with, validated (LayoutError with the numbers and the fix).
+
+    With pp_degree=auto, `profile` and `memory_bytes` (per worker) are what the planner chooses from;
+    with dp_wrapper=auto, `param_bytes` (the model's) and `memory_bytes` choose the wrapper. With
+    `model_memory` both choose by the memory prediction (`raydl.parallel.memory`), and a layout whose
+    predicted peak exceeds `memory_bytes` is refused with the numbers and the layouts that would fit.
+    """
+    p = cfg.parallel
+    if needs_profile(cfg):
+        chosen, _ = plan_layouts(profile, cfg, world_size=world_size, memory_bytes=memory_bytes,
+                                 model_memory=model_memory, device_type=device_type)
+        pp, schedule, m, cuts = chosen.pp, chosen.schedule, chosen.num_microbatches, chosen.stage_cuts
+    else:
+        pp, schedule, cuts = p.pp_degree, p.schedule, tuple(p.stage_cuts)
+        m = p.num_microbatches if pp > 1 else 0   # 0: the accumulation count follows from the batch sizes
+        if pp > 1:
+            constraints.check_mesh(num_blocks, world_size, pp, schedule)
+    dp = world_size // pp
+    micro, m = batch_split(global_batch=cfg.train.global_batch_size, micro_batch=cfg.train.micro_batch_size,
+                           dp=dp, strict=not _elastic(cfg), num_microbatches=m)
+    pipelined = pp > 1
+    layout = Layout(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
+                 schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
+    predicted = None if model_memory is None else functools.partial(
+        peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
+    wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
+                                     memory_bytes=memory_bytes, predicted=predicted,
+                                     in_backward=cfg.train.optimizer_in_backward)
+    layout = replace(layout, dp_wrapper=wrapper, dp_wrapper_reason=why)
+    validate(layout, num_blocks=num_blocks, precision=cfg.train.precision, dp_wrapper=wrapper,
+             cpu_offload=cfg.train.cpu_offload)
+    if model_memory is not None and memory_bytes:
+        check_memory(layout, cfg, model_memory, memory_bytes=memory_bytes, device_type=device_type)
+    return layout
 
 
 def _elastic(cfg: JobConfig) -> bool:
@@ -133,7 +88,7 @@ def plan_layouts(profile: ModelProfile, cfg: JobConfig, *, world_size: int, memo
     An explicit pp_degree restricts the search to it and the configured schedule. With `model_memory`, a
     candidate must also fit by the memory prediction (with the wrapper dp_wrapper would give it)."""
     p = cfg.parallel
-    auto = Layout.needs_profile(cfg)
+    auto = needs_profile(cfg)
     if p.stage_cuts and not auto:
         constraints.validate_stage_cuts(p.stage_cuts, num_blocks=len(profile.blocks), pp=p.pp_degree,
                                         schedule=p.schedule)
@@ -160,8 +115,6 @@ def _predicted_fit(candidate: Candidate, cfg: JobConfig, model_memory: ModelMemo
                     micro_batch=candidate.micro_batch, num_microbatches=candidate.num_microbatches,
                     schedule=candidate.schedule if candidate.pp > 1 else "none",
                     stage_cuts=candidate.stage_cuts if candidate.pp > 1 else ())
-    from raydl.parallel.memory_fit import peak_with   # it builds Layouts: imported here
-
     setting = Setting.from_config(cfg, device_type)
     options = ["fsdp"] if cfg.parallel.dp_wrapper == "auto" else [cfg.parallel.dp_wrapper]
     return any(peak_with(layout, model_memory, setting, device_type, w) <= memory_bytes for w in options)

@@ -23,7 +23,7 @@ from torch.distributed.pipelining import PipelineStage
 from raydl.models.blocks import BlockModel
 from raydl.parallel import schedules
 from raydl.parallel.cost_model import balanced_cuts
-from raydl.parallel.mesh import Layout
+from raydl.parallel.layout import Layout
 
 __all__ = ["stage_cuts", "split_stages", "pipeline_model", "forward_chain"]
 

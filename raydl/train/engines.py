@@ -1,6 +1,6 @@
 """An engine = the model laid out over the worker group plus how to run one step on it.
 
-`build_engine` resolves the layout for this world size (`Layout.from_config`), builds the mesh
+`build_engine` resolves the layout for this world size (`layout_for`), builds the mesh
 and applies the parallelisms in a fixed order: activation checkpointing, pipeline split, then
 data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
 allocates only the tensors it keeps). The loop only talks to an `Engine`.
@@ -22,7 +22,8 @@ from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.materialize import MetaInit
-from raydl.parallel.mesh import Layout, build_mesh
+from raydl.parallel.layout import Layout
+from raydl.parallel.mesh import build_mesh, layout_for, needs_profile
 from raydl.parallel.pipeline import forward_chain, pipeline_model
 from raydl.parallel.memory_probe import model_memory
 from raydl.parallel.profile import memory_budget, shared_profile
@@ -172,7 +173,7 @@ def apply_activation_checkpointing(model: BlockModel) -> None:
 
 def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],
                   init: MetaInit | None = None) -> Layout:
-    """`Layout.from_config` with what its policies choose from: the memory prediction of the model (read on meta)
+    """`layout_for` with what its policies choose from: the memory prediction of the model (read on meta)
     against this worker's memory budget, and a profile of the model measured here when the planner chooses pp
     (on a model built on meta: one materialized block at a time)."""
     workers_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", session.world_size))
@@ -180,8 +181,8 @@ def choose_layout(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, m
              "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
              "model_memory": model_memory(model, spec, meta), "device_type": session.device.type}
     real_block = functools.partial(init.real_copy, device=session.device) if init else None
-    profile = shared_profile(model, spec, meta, cfg, session.device, real_block) if Layout.needs_profile(cfg) else None
-    return Layout.from_config(cfg, session.world_size, profile, **sizes)
+    profile = shared_profile(model, spec, meta, cfg, session.device, real_block) if needs_profile(cfg) else None
+    return layout_for(cfg, session.world_size, profile, **sizes)
 
 
 def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, meta: dict[str, Any],

@@ -33,7 +33,7 @@ from raydl.errors import TrainingDivergedError
 from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
 from raydl.overrides import build_config
-from raydl.parallel.mesh import describe
+from raydl.parallel.layout import describe
 from raydl.parallel.recovery import RecoveryPath
 from raydl.telemetry.nvml import GpuMonitor
 from raydl.telemetry.profiler import StepProfiler, phase

@@ -33,7 +33,7 @@ import torch
 from raydl.config import JobConfig
 from raydl.data.order import DataPosition
 from raydl.parallel.batching import batch_split
-from raydl.parallel.mesh import Layout
+from raydl.parallel.layout import Layout
 from raydl.train.step import StepStats
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from raydl.data.builtin import arithmetic_table
 from raydl.data.loader import to_tensors
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from raydl.parallel.mesh import Layout, build_mesh
+from raydl.parallel.mesh import build_mesh, layout_for
 from raydl.train.engines import DataParallelEngine
 from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer
@@ -45,7 +45,7 @@ def train(cfg, world_size: int, rank: int) -> dict[str, torch.Tensor]:
     chosen = choose_model(cfg.model)
     spec = chosen.spec
     model, init = build_for_worker(chosen, META, cfg)   # as workers build: on meta, allocated once wrapped
-    layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
+    layout = layout_for(cfg, world_size, num_blocks=len(model.blocks))
     mesh = build_mesh(layout, "cpu") if world_size > 1 else None
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
     engine = DataParallelEngine(model, layout, cfg, spec, session, mesh, init)

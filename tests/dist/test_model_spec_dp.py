@@ -16,7 +16,7 @@ from raydl.config import DP_WRAPPERS
 from raydl.models.build import WHOLE
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from raydl.parallel.mesh import Layout, build_mesh
+from raydl.parallel.mesh import build_mesh, layout_for
 from raydl.train.engines import DataParallelEngine
 from raydl.train.optim import build_optimizer
 from raydl.train.step import optimizer_step
@@ -43,7 +43,7 @@ def train(rank: int, world_size: int, out_dir: str) -> None:
         torch.manual_seed(0)
         model = chosen.build({}, pp_degree=cfg.parallel.pp_degree)
         assert model.block_names == [WHOLE]
-        layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
+        layout = layout_for(cfg, world_size, num_blocks=len(model.blocks))
         session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
         engine = DataParallelEngine(model, layout, cfg, SPEC, session, build_mesh(layout, "cpu"))
         optimizer = build_optimizer(engine.parameters(), cfg.train)

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from raydl.parallel.mesh import Layout, build_mesh
+from raydl.parallel.mesh import build_mesh, layout_for
 from raydl.parallel.schedules import NAMES
 from raydl.train.engines import PipelineEngine
 from raydl.train.model_build import build_for_worker
@@ -50,7 +50,7 @@ def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mes
     reference, reference_init = build_for_worker(chosen, meta, cfg)  # the same initial values, unsplit
     if reference_init is not None:
         reference_init(reference, torch.device("cpu"))
-    layout = Layout.from_config(cfg, world_size, num_blocks=len(model.blocks))
+    layout = layout_for(cfg, world_size, num_blocks=len(model.blocks))
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
     engine = PipelineEngine(model, layout, cfg, spec, session, mesh, init)
 
@@ -96,7 +96,7 @@ def _check_schedule(rank: int, world_size: int, schedule: str, wrapper: str, mes
 def _all_schedules(rank: int, world_size: int, wrappers: dict[str, str], out_dir: str, model: tuple[str, ...]) -> None:
     torch.set_num_threads(1)
     cfg = _config("1f1b", world_size // 2)
-    mesh = build_mesh(Layout.from_config(cfg, world_size, num_blocks=6), "cpu")
+    mesh = build_mesh(layout_for(cfg, world_size, num_blocks=6), "cpu")
     worst = {schedule: _check_schedule(rank, world_size, schedule, wrapper, mesh, model)
              for schedule, wrapper in wrappers.items()}
     with open(f"{out_dir}/rank{rank}.json", "w") as f:

@@ -11,7 +11,7 @@ from raydl.cli import main
 from raydl.config import JobConfig, iter_fields
 from raydl.errors import ConfigError, LayoutError
 from raydl.overrides import build_config, dump_yaml, load_config
-from raydl.parallel.mesh import Layout
+from raydl.parallel.mesh import layout_for
 
 
 def test_yaml_and_overrides_round_trip(tmp_path):
@@ -65,17 +65,17 @@ def test_global_batch_must_split_over_a_fixed_world():
     cfg = load_config(None, ["train.global_batch_size=64", "train.micro_batch_size=32",
                              "scaling.min_workers=3", "scaling.max_workers=3"])
     with pytest.raises(LayoutError, match="cannot be split exactly over 3"):
-        Layout.from_config(cfg, 3, num_blocks=6)
+        layout_for(cfg, 3, num_blocks=6)
 
 
 def test_elastic_world_keeps_global_batch_or_warns():
     cfg = load_config(None, ["train.global_batch_size=64", "train.micro_batch_size=16",
                              "scaling.min_workers=1", "scaling.max_workers=4"])
     for ws in (1, 2, 4):
-        layout = Layout.from_config(cfg, ws, num_blocks=6)
+        layout = layout_for(cfg, ws, num_blocks=6)
         assert layout.global_batch == 64 and layout.micro_batch <= 16
     with pytest.warns(UserWarning, match="global batch of 63"):
-        assert Layout.from_config(cfg, 3, num_blocks=6).global_batch == 63
+        assert layout_for(cfg, 3, num_blocks=6).global_batch == 63
 
 
 def test_help_lists_every_field(capsys):

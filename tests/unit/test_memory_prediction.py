@@ -13,7 +13,7 @@ from raydl.models.gpt import gpt_blocks, spec as gpt_spec
 from raydl.overrides import load_config
 from raydl.parallel.memory import RUNTIME_BYTES, BlockMemory, ModelMemory, Setting, build_bytes, predict
 from raydl.parallel.memory_probe import model_memory
-from raydl.parallel.mesh import Layout
+from raydl.parallel.mesh import layout_for
 from raydl.parallel.wrapper_policy import choose_dp_wrapper
 
 MIB = 2**20
@@ -108,20 +108,20 @@ def _cfg(*sets: str) -> JobConfig:
 def test_a_layout_that_cannot_fit_is_refused_with_the_numbers_and_what_fits():
     budget = 700 * MIB + RUNTIME_BYTES["cpu"]   # dp=2 fsdp needs 200 + 200 + 300 + activations
     with pytest.raises(LayoutError) as error:
-        Layout.from_config(_cfg("parallel.dp_wrapper=ddp"), 2, num_blocks=4, memory_bytes=budget,
+        layout_for(_cfg("parallel.dp_wrapper=ddp"), 2, num_blocks=4, memory_bytes=budget,
                            model_memory=MODEL)
     text = str(error.value)
     assert "dp=2 (ddp)" in text and "ddp buckets 400" in text and "1.84 GiB" in text
     assert "--set parallel.pp_degree=2 --set parallel.dp_wrapper=fsdp" not in text   # 2 workers: pp=2 has dp=1
     assert "--set parallel.pp_degree=2" in text or "--set parallel.dp_wrapper=fsdp" in text
     # auto picks FSDP by the same prediction, and it fits.
-    layout = Layout.from_config(_cfg(), 2, num_blocks=4, memory_bytes=budget + 100 * MIB, model_memory=MODEL)
+    layout = layout_for(_cfg(), 2, num_blocks=4, memory_bytes=budget + 100 * MIB, model_memory=MODEL)
     assert layout.dp_wrapper == "fsdp" and "exceeds" in layout.dp_wrapper_reason
 
 
 def test_nothing_fits_names_the_workers_that_would():
     with pytest.raises(LayoutError, match=r"none of the 2-worker layouts fits; 4 workers would fit"):
-        Layout.from_config(_cfg("train.global_batch_size=8"), 2, num_blocks=4,
+        layout_for(_cfg("train.global_batch_size=8"), 2, num_blocks=4,
                            memory_bytes=310 * MIB + RUNTIME_BYTES["cpu"], model_memory=MODEL)
 
 

@@ -14,7 +14,8 @@ from raydl.errors import LayoutError
 from raydl.models.blocks import num_params
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from raydl.parallel.mesh import Layout, validate
+from raydl.parallel.layout import Layout
+from raydl.parallel.mesh import layout_for, validate
 from raydl.parallel.pipeline import split_stages, stage_cuts
 from raydl.parallel.profile import BlockProfile, ModelProfile
 from raydl.parallel.schedules import stage_indices, stage_ranks
@@ -84,7 +85,7 @@ def test_ddp_with_a_pipeline_is_refused_before_any_worker_starts(schedule):
     cfg = load_config(None, ["parallel.pp_degree=2", f"parallel.schedule={schedule}", "parallel.dp_wrapper=ddp",
                              "parallel.num_microbatches=4", "scaling.min_workers=4", "scaling.max_workers=4"])
     with pytest.raises(LayoutError, match="pytorch/pytorch#144530"):
-        Layout.from_config(cfg, 4, num_blocks=6)
+        layout_for(cfg, 4, num_blocks=6)
     with pytest.raises(LayoutError, match="dp_wrapper=ddp does not work with pipeline parallelism"):
         check_layout(cfg, num_blocks=6)     # the driver's check: exit 2 before Ray starts
 
@@ -102,21 +103,21 @@ def _elastic(*sets: str):
 def test_auto_pp_trains_the_closest_smaller_batch_where_explicit_pp_does():
     # 3 workers, 2 blocks: only pp=1 exists, and 64 does not split over dp=3.
     with pytest.warns(UserWarning, match="global batch of 63"):
-        explicit = Layout.from_config(_elastic(), 3, num_blocks=2)
+        explicit = layout_for(_elastic(), 3, num_blocks=2)
     with pytest.warns(UserWarning, match="global batch of 63"):
-        auto = Layout.from_config(_elastic("parallel.pp_degree=auto"), 3, _profile(2), num_blocks=2,
+        auto = layout_for(_elastic("parallel.pp_degree=auto"), 3, _profile(2), num_blocks=2,
                                   memory_bytes=2**40)
     assert (explicit.dp, explicit.pp, explicit.global_batch) == (auto.dp, auto.pp, auto.global_batch) == (3, 1, 63)
     fixed = load_config(None, ["train.global_batch_size=64", "train.micro_batch_size=16", "scaling.min_workers=3",
                                "scaling.max_workers=3", "parallel.pp_degree=auto"])
     with pytest.raises(LayoutError):    # a fixed-size run never trains another batch, explicit or auto
-        Layout.from_config(fixed, 3, _profile(2), num_blocks=2, memory_bytes=2**40)
+        layout_for(fixed, 3, _profile(2), num_blocks=2, memory_bytes=2**40)
 
 
 def test_auto_pp_keeps_the_global_batch_when_a_pipeline_can():
     with warnings.catch_warnings():
         warnings.simplefilter("error")      # no smaller-batch warning: pp=3 splits 64 exactly
-        layout = Layout.from_config(_elastic("parallel.pp_degree=auto"), 3, _profile(6), num_blocks=6,
+        layout = layout_for(_elastic("parallel.pp_degree=auto"), 3, _profile(6), num_blocks=6,
                                     memory_bytes=2**40)
     assert (layout.dp, layout.pp, layout.global_batch) == (1, 3, 64)
 

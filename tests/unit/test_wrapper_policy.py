@@ -6,7 +6,7 @@ import pytest
 
 from raydl.errors import LayoutError
 from raydl.overrides import load_config
-from raydl.parallel.mesh import Layout
+from raydl.parallel.mesh import layout_for
 from raydl.parallel.wrapper_policy import choose_dp_wrapper
 
 GIB = 2**30
@@ -31,14 +31,14 @@ def test_an_explicit_wrapper_is_kept_and_said_so():
 
 
 def test_layout_records_the_choice_and_ddp_with_pipelines_stays_refused():
-    layout = Layout.from_config(load_config(None, ["scaling.min_workers=2"]), 2, num_blocks=6,
+    layout = layout_for(load_config(None, ["scaling.min_workers=2"]), 2, num_blocks=6,
                                 param_bytes=4 * 2**20, memory_bytes=8 * GIB)
     assert layout.dp_wrapper == "ddp" and "MiB" in layout.dp_wrapper_reason
     assert layout.to_dict()["dp_wrapper"] == "ddp"
-    piped = Layout.from_config(load_config(None, ["parallel.pp_degree=2", "parallel.num_microbatches=4", "scaling.max_workers=4",
+    piped = layout_for(load_config(None, ["parallel.pp_degree=2", "parallel.num_microbatches=4", "scaling.max_workers=4",
                                                   "scaling.min_workers=4"]), 4, num_blocks=6,
                                param_bytes=4 * 2**20, memory_bytes=8 * GIB)
     assert (piped.dp, piped.pp, piped.dp_wrapper) == (2, 2, "replicate")
     with pytest.raises(LayoutError, match="dp_wrapper=ddp does not work with pipeline"):
-        Layout.from_config(load_config(None, ["parallel.pp_degree=2", "parallel.num_microbatches=4", "parallel.dp_wrapper=ddp",
+        layout_for(load_config(None, ["parallel.pp_degree=2", "parallel.num_microbatches=4", "parallel.dp_wrapper=ddp",
                                               "scaling.max_workers=4", "scaling.min_workers=4"]), 4, num_blocks=6)
