@@ -143,7 +143,8 @@ def train_once(work: Path, overrides: list[str], need: int, attempts: int = 2) -
     startup = json.loads((run_dir / "summary.json").read_text())["startup"]
     shutil.rmtree(run_dir, ignore_errors=True)   # its final checkpoint is the model's size
     shutil.rmtree(mem_dir, ignore_errors=True)
-    out: dict[str, Any] = {"to_first_step_s": startup["to_first_step_s"]}
+    out: dict[str, Any] = {"to_first_step_s": startup["to_first_step_s"],
+                           **{f"phase:{name}": seconds for name, seconds in startup["phase_s"].items()}}
     for r in ranks:
         out[f"rank{r['rank']}:start_mib"] = r["start_peak_mib"]
         out[f"rank{r['rank']}:meta_now_mib"] = r["meta_now_mib"]
@@ -171,7 +172,8 @@ def analyse(name: str, layout: str, stats: dict[str, dict], tiny: dict[str, dict
             if side == "after":   # before, the whole model is built by the meta mark already
                 load = s[f"{r}:built_mib"]["median"] - s[f"{r}:meta_now_mib"]["median"]
                 per_rank[-1].update(load_mib=round(load), load_over_share=round(load / prediction["share_mib"], 3))
-        rows[side] = {"ranks": per_rank, "to_first_step_s": s["to_first_step_s"]}
+        phases = {k.split(":", 1)[1]: s[k]["median"] for k in s if k.startswith("phase:")}
+        rows[side] = {"ranks": per_rank, "to_first_step_s": s["to_first_step_s"], "phase_s": phases}
     before, after = rows["before"]["to_first_step_s"]["median"], rows["after"]["to_first_step_s"]["median"]
     rows["first_step_after_over_before"] = round(after / before, 3)
     return {"model": name, "layout": layout, "prediction": prediction, **rows}
@@ -189,6 +191,8 @@ def report(row: dict) -> str:
                          f"share){load}, run {r['run_above_tiny_mib']:,} MiB above tiny ({r['run_over_model']:.2f} x model) "
                          f"vs predicted {r['predicted_mib']:,} ({100 * r['prediction_error']:+.0f}%)")
         lines.append(f"  {side:6s} {harness.describe('command -> first step', t, ' s')}")
+        lines.append(f"  {side:6s} phases (s, medians; each ends at its mark): "
+                     + ", ".join(f"{name} {seconds:.1f}" for name, seconds in row[side]["phase_s"].items()))
     lines.append(f"  first step after/before: {row['first_step_after_over_before']:.2f}")
     return "\n".join(lines)
 

@@ -137,4 +137,5 @@ def random_tokens(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
 
 spec = ModelSpec(name="gpt", build=build, inputs_targets=tokens, loss=gpt_loss, example_inputs=random_tokens,
                  correct=gpt_correct, units_per_sample=lambda meta: meta["seq_len"], flops_per_sample=flops_per_sample,
-                 options=GptOptions, task="tokens", columns=("input_ids", "labels"), init_weights=_init_weights)
+                 options=GptOptions, task="tokens", columns=("input_ids", "labels"), init_weights=_init_weights,
+                 init_by_rows=True)

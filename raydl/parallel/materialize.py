@@ -8,7 +8,10 @@ initial values do not depend on the layout or the world size: pp=2, dp=2 and dp=
 bits (on one device type: CPU and CUDA generators differ).
 
 A sharded parameter is initialized whole, one module at a time, and keeps its own rows: a rank holds at
-most one module's full tensors beyond its share, and the rows equal those a dp=1 run would draw.
+most one module's full tensors beyond its share, and the rows equal those a dp=1 run would draw. A spec whose
+init draws each row alone (`ModelSpec.init_by_rows`, raydl's gpt) is initialized in blocks of ROWS_PER_DRAW rows
+instead, each under a seed of its own, on every layout: a rank draws only the blocks that hold its rows (about
+its share instead of the whole model: the normal draws of a 1B model take ~13 s of one core here).
 With a `source` (weights to start from, e.g. Hugging Face safetensors), a module whose tensors it holds is
 read from it instead, each rank reading only its own rows; the rest (non-persistent buffers) is initialized.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass
@@ -29,6 +33,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 __all__ = ["MetaInit", "TensorSource", "module_names", "init_problem"]
 
 _SLOTS = ("_parameters", "_buffers")
+ROWS_PER_DRAW = 128   # part of the initial values: changing it changes every by-rows model's first weights
 
 
 def module_names(model: nn.Module) -> dict[nn.Module, str]:
@@ -64,6 +69,7 @@ class MetaInit:
     names: dict[nn.Module, str]
     init_weights: Callable[[nn.Module], None] | None = None
     source: TensorSource | None = None
+    by_rows: bool = False   # ModelSpec.init_by_rows
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, device: torch.device) -> None:
@@ -82,13 +88,29 @@ class MetaInit:
         """A materialized copy of a meta `module`, seeded by names inside it: for measuring (the planner's
         profile, one block at a time), never for training."""
         copy = deepcopy(module)   # on meta: no storage copied
-        MetaInit(self.seed, module_names(copy), self.init_weights)(copy, device)
+        MetaInit(self.seed, module_names(copy), self.init_weights, by_rows=self.by_rows)(copy, device)
         return copy
 
     def _init(self, module: nn.Module, device: torch.device) -> None:
+        owned = _owned_rows(module) if self.by_rows else None
+        if owned is None:
+            with _whole(module):
+                self._draw(module, self.names[module], device)
+            return
+        spans = [(a, b) for _, _, _, (a, b) in owned if a < b]
+        if not spans:   # more ranks than rows: this one holds none
+            return
+        first, end = min(a for a, _ in spans), max(b for _, b in spans)
+        for block in range(first // ROWS_PER_DRAW, math.ceil(end / ROWS_PER_DRAW)):
+            start, stop = block * ROWS_PER_DRAW, min((block + 1) * ROWS_PER_DRAW, _row_count(module))
+            if any(a < stop and start < b for a, b in spans):
+                with _rows(module, owned, start, stop):
+                    self._draw(module, f"{self.names[module]}#rows{block}", device)
+
+    def _draw(self, module: nn.Module, name: str, device: torch.device) -> None:
         # fork_rng: the training RNG (dropout) stays where it was
-        with _whole(module), torch.random.fork_rng(devices=_cuda_index(device)):
-            torch.manual_seed(_name_seed(self.seed, self.names[module]))
+        with torch.random.fork_rng(devices=_cuda_index(device)):
+            torch.manual_seed(_name_seed(self.seed, name))
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
             if self.init_weights is not None:
@@ -139,6 +161,63 @@ def _whole(module: nn.Module) -> Iterator[None]:
         for tensors, key, sharded in swapped:
             sharded.to_local().copy_(_own_rows(tensors[key].detach(), sharded))
             tensors[key] = sharded
+
+
+def _row_count(module: nn.Module) -> int:
+    return next(t.shape[0] for _, t in _direct(module) if t is not None)
+
+
+def _owned_rows(module: nn.Module) -> list[tuple[dict, str, torch.Tensor, tuple[int, int]]] | None:
+    """(slot, key, tensor, (first row, end)) of this rank's rows of each tensor `module` owns directly, or None
+    when they cannot be drawn by rows: a scalar, tensors whose row counts differ, or a split along another dim."""
+    owned, counts = [], set()
+    for slot in _SLOTS:
+        tensors = getattr(module, slot)
+        for key, t in tensors.items():
+            if t is None:
+                continue
+            if t.dim() == 0:
+                return None
+            span = _row_span(t)
+            if span is None:
+                return None
+            owned.append((tensors, key, t, span))
+            counts.add(t.shape[0])
+    return owned if len(counts) == 1 else None
+
+
+def _row_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """The rows of `t` this rank holds: torch.chunk along dim 0 for each Shard(0) placement (as `_own_rows`)."""
+    start, length = 0, t.shape[0]
+    if isinstance(t, DTensor):
+        mesh = t.device_mesh
+        for axis, placement in enumerate(t.placements):
+            if isinstance(placement, Shard):
+                if placement.dim != 0:
+                    return None
+                per = math.ceil(length / mesh.size(axis)) if length else 0
+                coord = mesh.get_local_rank(axis)
+                start, length = start + coord * per, max(0, min(per, length - coord * per))
+            elif not isinstance(placement, Replicate):
+                return None
+    return start, start + length
+
+
+@contextlib.contextmanager
+def _rows(module: nn.Module, owned: list, start: int, stop: int) -> Iterator[None]:
+    """Give `module` plain tensors of rows [start, stop) of its own while its init runs, then copy the rows this
+    rank holds into its tensors."""
+    for tensors, key, t, _ in owned:
+        part = torch.empty((stop - start, *t.shape[1:]), dtype=t.dtype, device=_local(t).device)
+        tensors[key] = nn.Parameter(part, t.requires_grad) if tensors is module._parameters else part
+    try:
+        yield
+    finally:
+        for tensors, key, t, (a, b) in owned:
+            lo, hi = max(a, start), min(b, stop)
+            if lo < hi:
+                _local(t)[lo - a:hi - a].copy_(tensors[key].detach()[lo - start:hi - start])
+            tensors[key] = t
 
 
 def _own_rows(whole: torch.Tensor, sharded: DTensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ def build_for_worker(chosen: ModelChoice, meta: dict[str, Any], cfg: JobConfig) 
     model, why = (None, "debug.whole_model_build is set") if cfg.debug.whole_model_build else _try_meta(chosen, meta, cfg)
     if model is not None:
         return model, MetaInit(cfg.train.seed, _seed_names(model), _init_weights(chosen, model),
-                               getattr(model, "weights", None))
+                               getattr(model, "weights", None), by_rows=chosen.spec.init_by_rows)
     if not dist.is_initialized() or dist.get_rank() == 0:   # one line per run, not one per worker
         log.warning(f"model '{chosen.spec.name}' is built whole on every worker, not on meta: {why}")
     torch.manual_seed(cfg.train.seed)        # identical initial weights on every rank

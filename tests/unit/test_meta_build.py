@@ -57,6 +57,29 @@ def test_initial_values_depend_on_seed_and_name_only():
     assert not torch.equal(one["blocks.h0.attn.qkv.weight"], one["blocks.h1.attn.qkv.weight"])
 
 
+def test_a_by_rows_spec_draws_each_block_of_rows_under_its_own_seed():
+    """gpt's spec sets init_by_rows: a tensor's rows are drawn in ROWS_PER_DRAW blocks, each seeded by (seed, name,
+    block), so an FSDP2 rank can draw only the blocks holding its rows (tests/dist/test_meta_build.py: every
+    layout still starts from the same bits). The last block is shorter."""
+    from raydl.models.gpt import _init_weights
+    from raydl.parallel.materialize import ROWS_PER_DRAW, _name_seed
+
+    rows = 3 * ROWS_PER_DRAW - 5
+    with torch.device("meta"):
+        linear = nn.Linear(8, rows)
+    MetaInit(3, {linear: "h0.qkv"}, _init_weights, by_rows=True)(linear, CPU)
+    for block in range(3):
+        torch.manual_seed(_name_seed(3, f"h0.qkv#rows{block}"))
+        part = nn.Linear(8, min(ROWS_PER_DRAW, rows - block * ROWS_PER_DRAW))   # its reset_parameters, then:
+        _init_weights(part)
+        start = block * ROWS_PER_DRAW
+        assert torch.equal(linear.weight[start:start + part.out_features], part.weight)
+        assert torch.equal(linear.bias[start:start + part.out_features], part.bias)
+    whole = nn.Linear(8, rows, device="meta")
+    MetaInit(3, {whole: "h0.qkv"}, _init_weights)(whole, CPU)   # a spec without init_by_rows: one draw
+    assert not torch.equal(whole.weight, linear.weight)
+
+
 def test_stages_materialized_apart_equal_the_whole_model_without_copying_it():
     whole = _materialized()
     chosen, cfg = _gpt()
