@@ -102,7 +102,7 @@ class MetaInit:
             return
         first, end = min(a for a, _ in spans), max(b for _, b in spans)
         for block in range(first // ROWS_PER_DRAW, math.ceil(end / ROWS_PER_DRAW)):
-            start, stop = block * ROWS_PER_DRAW, min((block + 1) * ROWS_PER_DRAW, _row_count(module))
+            start, stop = block * ROWS_PER_DRAW, min((block + 1) * ROWS_PER_DRAW, owned[0][2].shape[0])
             if any(a < stop and start < b for a, b in spans):
                 with _rows(module, owned, start, stop):
                     self._draw(module, f"{self.names[module]}#rows{block}", device)
@@ -163,12 +163,8 @@ def _whole(module: nn.Module) -> Iterator[None]:
             tensors[key] = sharded
 
 
-def _row_count(module: nn.Module) -> int:
-    return next(t.shape[0] for _, t in _direct(module) if t is not None)
-
-
 def _owned_rows(module: nn.Module) -> list[tuple[dict, str, torch.Tensor, tuple[int, int]]] | None:
-    """(slot, key, tensor, (first row, end)) of this rank's rows of each tensor `module` owns directly, or None
+    """(its slot's dict, key, tensor, (first row, end)) of this rank's rows of each tensor `module` owns directly, or None
     when they cannot be drawn by rows: a scalar, tensors whose row counts differ, or a split along another dim."""
     owned, counts = [], set()
     for slot in _SLOTS:
@@ -187,7 +183,7 @@ def _owned_rows(module: nn.Module) -> list[tuple[dict, str, torch.Tensor, tuple[
 
 
 def _row_span(t: torch.Tensor) -> tuple[int, int] | None:
-    """The rows of `t` this rank holds: torch.chunk along dim 0 for each Shard(0) placement (as `_own_rows`)."""
+    """The rows of `t` this rank holds (those `_own_rows` keeps), or None for a split along another dim."""
     start, length = 0, t.shape[0]
     if isinstance(t, DTensor):
         mesh = t.device_mesh
@@ -195,9 +191,8 @@ def _row_span(t: torch.Tensor) -> tuple[int, int] | None:
             if isinstance(placement, Shard):
                 if placement.dim != 0:
                     return None
-                per = math.ceil(length / mesh.size(axis)) if length else 0
-                coord = mesh.get_local_rank(axis)
-                start, length = start + coord * per, max(0, min(per, length - coord * per))
+                offset, length = _chunk(length, mesh.size(axis), mesh.get_local_rank(axis))
+                start += offset
             elif not isinstance(placement, Replicate):
                 return None
     return start, start + length
@@ -221,16 +216,23 @@ def _rows(module: nn.Module, owned: list, start: int, stop: int) -> Iterator[Non
 
 
 def _own_rows(whole: torch.Tensor, sharded: DTensor) -> torch.Tensor:
-    """This rank's part of `whole` as a view (distribute_tensor would copy it): torch.chunk along each Shard
-    placement, the split DTensor and FSDP2 use; Replicate keeps it all."""
+    """This rank's part of `whole` as a view (distribute_tensor would copy it): `_chunk` along each Shard
+    placement, torch.chunk's split that DTensor and FSDP2 use; Replicate keeps it all."""
     mesh = sharded.device_mesh
     for axis, placement in enumerate(sharded.placements):
         assert isinstance(placement, (Shard, Replicate)), f"{placement} is not a placement FSDP2 or replicate uses"
         if isinstance(placement, Shard):
-            chunks = torch.chunk(whole, mesh.size(axis), dim=placement.dim)
-            coord = mesh.get_local_rank(axis)
-            whole = chunks[coord] if coord < len(chunks) else whole.narrow(placement.dim, 0, 0)
+            offset, size = _chunk(whole.shape[placement.dim], mesh.size(axis), mesh.get_local_rank(axis))
+            whole = whole.narrow(placement.dim, offset, size)
     return whole
+
+
+def _chunk(length: int, parts: int, coord: int) -> tuple[int, int]:
+    """(offset, size) of part `coord` of `length` as torch.chunk splits it: parts of ceil(length / parts), the
+    last shorter, and none at all past the end (a rank may hold nothing)."""
+    per = math.ceil(length / parts)
+    offset = min(coord * per, length)
+    return offset, min(per, length - offset)
 
 
 def _check_all_set(model: nn.Module, names: dict[nn.Module, str]) -> None:

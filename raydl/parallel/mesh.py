@@ -56,7 +56,7 @@ def layout_for(cfg: JobConfig, world_size: int, profile: ModelProfile | None = N
                            dp=dp, strict=not _elastic(cfg), num_microbatches=m)
     pipelined = pp > 1
     layout = Layout(world_size=world_size, dp=dp, pp=pp, micro_batch=micro, num_microbatches=m,
-                 schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
+                    schedule=schedule if pipelined else "none", stage_cuts=cuts if pipelined else ())
     predicted = None if model_memory is None else functools.partial(
         peak_with, layout, model_memory, Setting.from_config(cfg, device_type), device_type)
     wrapper, why = choose_dp_wrapper(p.dp_wrapper, dp=dp, pp=pp, param_bytes=param_bytes,
