@@ -1,24 +1,35 @@
-"""Say that the cluster is gone before Ray ends this process without a word.
+"""Say that the cluster is gone, even when Ray ends this process without a word.
 
 When the node this driver runs on loses its raylet (a joined cluster's head stopped, with the driver on
 it), Ray's core worker terminates the process as soon as it next touches the object store ("The
-connection to the plasma store is failed. Terminate the process.": exit 1, nothing on the console).
-Whether raydl's own handler for the Train controller's death (`ray_trainer.fit`) runs first is a race.
-This watch polls the local raylet's port; once it stops answering, the run cannot go on in this
-process, so the watch prints raydl's one-paragraph error (the checkpoint and the resume command) and
-exits with the same code, 1.
+connection to the plasma store is failed. Terminate the process.": `_Exit(1)`, logged at WARNING, so
+nothing reaches the console). No handler in this process can run after that. Two watchers:
+
+- a thread here polls the local raylet's port; once it stops answering, the run cannot go on, so it
+  prints raydl's one-paragraph error (the checkpoint and the resume command) and exits with code 1;
+- a small child process (`python -m raydl.driver.cluster_watch`) holds a pipe from this process. If the
+  pipe closes without this process having said "done" or "said" (Ray's `_Exit` won the race with the
+  thread), and the raylet then stops answering, the child prints the same paragraph on the stderr both
+  share. A run that ends in an error tells "done" at interpreter exit, after the CLI has printed it. The exit code, 1, is Ray's already. Signals sent to the group (Ctrl-C, a job stop) do not stop
+  the child: it ends when the pipe closes.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
-from typing import Callable
+import time
 
 POLL_S = 0.1   # a race with the core worker's own exit (see above): a local TCP connect costs ~0.1 ms
 PROBE_TIMEOUT_S = 1.0
+SETTLE_S = 5.0   # after the driver's silent exit, how long its raylet has to stop answering to count as gone
+DONE, SAID = b"done\n", b"said\n"
+CAUSE = "this machine's raylet stopped answering"
 
 
 def raylet_answers(node: dict, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -31,26 +42,79 @@ def raylet_answers(node: dict, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-class LocalRayletWatch:
-    def __init__(self, message: Callable[[], str], exit_code: int):
-        self.message, self.exit_code = message, exit_code
+def cluster_lost_message(run_dir: str, address: str | None, cause: str) -> str:
+    from raydl.driver.prepare import checkpoints_location
+    from raydl.train import checkpoint as ckpt
+
+    where = f"the Ray cluster at {address}" if address else "this process's local Ray"
+    latest = ckpt.find_latest(checkpoints_location(run_dir))
+    saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
+    resume = f"raydl train --resume {run_dir}" + (f" --address {address}" if address else "")
+    return (f"{where} went away during the run: {cause}. {saved.capitalize()}. Fix: bring the cluster back "
+            f"(`ray status` on its head tells) and resume with `{resume}`.")
+
+
+class ClusterWatch:
+    def __init__(self, run_dir: str, address: str | None, exit_code: int):
+        self.run_dir, self.address, self.exit_code = run_dir, address, exit_code
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="raydl-raylet-watch")
 
-    def __enter__(self) -> "LocalRayletWatch":
+    def __enter__(self) -> "ClusterWatch":
         import ray
 
         here = ray.get_runtime_context().get_node_id()
         self.node = next(node for node in ray.nodes() if node["NodeID"] == here)
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "raydl.driver.cluster_watch", self.node["NodeManagerAddress"],
+             str(self.node["NodeManagerPort"]), self.run_dir, self.address or ""], stdin=subprocess.PIPE)
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *_) -> None:
         self._stop.set()
+        if exc_type is None:
+            self._tell(DONE)
+            self._child.wait(timeout=30)
+        else:   # the error is said by the caller (raydl's CLI) after this: "done" once it has been
+            atexit.register(self._tell, DONE)
+
+    def _tell(self, word: bytes) -> None:
+        try:
+            self._child.stdin.write(word)
+            self._child.stdin.close()
+        except (OSError, ValueError):   # already told, or the child is gone: nothing left to say
+            pass
 
     def _watch(self) -> None:
-        self.message()   # once now: whatever it imports is loaded before the race it is for
+        self._message()   # once now: whatever it imports is loaded before the race it is for
         while not self._stop.wait(POLL_S):
             if not raylet_answers(self.node):
-                print(f"raydl: error: {self.message()}", file=sys.stderr, flush=True)
+                self._tell(SAID)
+                print(f"raydl: error: {self._message()}", file=sys.stderr, flush=True)
                 os._exit(self.exit_code)
+
+    def _message(self) -> str:
+        return cluster_lost_message(self.run_dir, self.address, CAUSE)
+
+
+def main(host: str, port: str, run_dir: str, address: str) -> int:
+    """The child: wait for the driver's pipe to close; if the driver left without a word and its raylet is
+    gone, say so."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    if sys.stdin.buffer.read() in (DONE, SAID):
+        return 0
+    node = {"NodeManagerAddress": host, "NodeManagerPort": int(port)}
+    deadline = time.monotonic() + SETTLE_S
+    while raylet_answers(node):   # killed for another reason (kill -9, out of memory): not this paragraph
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(POLL_S)
+    print(f"raydl: error: {cluster_lost_message(run_dir, address or None, CAUSE)}",
+          file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

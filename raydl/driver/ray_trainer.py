@@ -15,8 +15,8 @@ from typing import Any
 from raydl import log as raydl_log
 from raydl import storage
 from raydl.config import JobConfig
-from raydl.driver.cluster_watch import LocalRayletWatch
-from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_location, prepare_run,
+from raydl.driver.cluster_watch import ClusterWatch, cluster_lost_message
+from raydl.driver.prepare import (PreparedRun, checkpoint_storage, prepare_run,
                                   remove_if_never_started)
 from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
 from raydl.driver.stop import start_stop_request
@@ -266,8 +266,7 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
     warn_if_reads_cannot_run(run.cfg)
     run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
     stop = start_stop_request(run.job["stop_actor"])
-    watch = LocalRayletWatch(lambda: str(cluster_lost(run, address, "this machine's raylet stopped answering")),
-                             ClusterLost.exit_code)
+    watch = ClusterWatch(str(run.run_dir), address, ClusterLost.exit_code)
     try:
         with SignalStop(on_first=lambda signum: stop.request.remote(signum)), watch:
             trainer = build_trainer(run)
@@ -285,12 +284,4 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
 
 
 def cluster_lost(run: PreparedRun, address: str | None, cause: str) -> ClusterLost:
-    from raydl.train import checkpoint as ckpt
-
-    where = f"the Ray cluster at {address}" if address else "this process's local Ray"
-    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))
-    saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
-    resume = f"raydl train --resume {run.run_dir}" + (f" --address {address}" if address else "")
-    return ClusterLost(f"{where} went away during the run: {cause}. "
-                       f"{saved.capitalize()}. Fix: bring the cluster back (`ray status` on its head tells) and resume "
-                       f"with `{resume}`.")
+    return ClusterLost(cluster_lost_message(str(run.run_dir), address, cause))

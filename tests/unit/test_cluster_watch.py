@@ -1,0 +1,44 @@
+"""The child watch (raydl.driver.cluster_watch) says the cluster is gone when Ray ends the driver without a word."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from raydl.driver.cluster_watch import DONE, SAID
+
+
+def run_child(tmp_path, port: int, told: bytes) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "raydl.driver.cluster_watch", "127.0.0.1", str(port), str(tmp_path), "10.0.0.9:6379"]
+    return subprocess.run(argv, input=told, capture_output=True, text=False, timeout=60)
+
+
+@pytest.fixture
+def dead_port():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))      # bound, not listening: connections are refused, as to a dead raylet
+        yield closed.getsockname()[1]
+
+
+def test_a_driver_gone_silently_with_its_raylet_gets_the_one_paragraph(tmp_path, dead_port):
+    child = run_child(tmp_path, dead_port, b"")   # the pipe closed without a word: Ray's _Exit(1)
+    said = child.stderr.decode().strip().splitlines()
+    assert child.returncode == 0 and len(said) == 1 and said[0].startswith("raydl: error: the Ray cluster at 10.0.0.9")
+    assert f"raydl train --resume {tmp_path} --address 10.0.0.9:6379" in said[0] and "raylet" in said[0]
+
+
+@pytest.mark.parametrize("told", [DONE, SAID])
+def test_a_driver_that_said_its_last_word_gets_nothing_more(tmp_path, dead_port, told):
+    child = run_child(tmp_path, dead_port, told)
+    assert child.returncode == 0 and child.stderr == b"" and child.stdout == b""
+
+
+def test_a_driver_killed_while_its_raylet_answers_gets_nothing(tmp_path):
+    with socket.socket() as listening:   # killed for another reason (kill -9, out of memory)
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        child = run_child(tmp_path, listening.getsockname()[1], b"")
+    assert child.returncode == 0 and child.stderr == b""
