@@ -154,3 +154,38 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     assert run.world_size() == 1   # it failed alone, the replacement still waiting
     latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))   # step 5's, or 10's if done before the loss
     assert latest is not None and int(Path(latest).name[len("step_"):].split(".")[0]) >= 5, latest
+
+
+def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(cluster, data_cache, tmp_path):
+    """A node is lost for good and Ray's controller waits to place the replacement; the user presses Ctrl-C:
+    the survivor checkpoints at its next report and the run ends with 128 + SIGINT, saying how to resume,
+    although the controller never placed the replacement (raydl.driver.finished_watch ends it)."""
+    import json
+    import signal
+
+    cluster.resize(1)
+    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=100000",
+                 "checkpoint.every_steps=100000", "telemetry.report_every=5", "train.eval_batches=2",
+                 "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2"]
+    run = ledger_run(tmp_path, overrides, cluster.address).start()
+    try:
+        run.wait_step(10, deadline_s=300)
+        cluster.remove(cluster.nodes[0], graceful=False)   # one worker's node; no other node has room
+        at = run.step()
+        run.wait_for("steps by the survivor alone", lambda: run.step() > at + 5 and run.world_size() == 1, 120)
+        run.proc.send_signal(signal.SIGINT)
+        t_signal = time.monotonic()
+        try:
+            rc = run.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the run still runs 90 s after Ctrl-C:\n{run.tail()}") from None
+        ended = time.monotonic() - t_signal
+    finally:
+        run.stop()
+    print(f"[survivors] Ctrl-C at world size 1, the replacement waiting: the run ended {ended:.1f} s later")
+    assert rc == 128 + signal.SIGINT, run.tail()
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["stopped_by_signal"] == signal.SIGINT and summary["steps"] > at, summary
+    assert summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step_{summary['steps']:08d}", summary
+    own = [line for line in run.tail(20000).splitlines() if "pid=" not in line]
+    assert any("--resume" in line for line in own) and not any("Traceback" in line for line in own), run.tail()

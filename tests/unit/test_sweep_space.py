@@ -75,9 +75,9 @@ def test_bad_space_entries_name_the_key_and_the_fix(path, raw, words):
     ({"asha": {"grace": 3}}, ["'asha' is"]),
     ({"asha": {"reduction_factor": 1}}, ["'asha.reduction_factor' is 1", "must be >= 2"]),
     ({"asha": {"reduction_factor": -2}}, ["'asha.reduction_factor' is -2"]),
-    ({"asha": {"grace_samples": 0}}, ["'asha.grace_samples' is 0, outside 1..31999"]),
+    ({"asha": {"grace_samples": 0}}, ["'asha.grace_samples' is 0, outside 1..51199"]),
     ({"asha": {"grace_samples": -64}}, ["'asha.grace_samples' is -64"]),
-    ({"asha": {"grace_samples": 32000}}, ["'asha.grace_samples' is 32000, outside 1..31999", "default 4000"]),
+    ({"asha": {"grace_samples": 51200}}, ["'asha.grace_samples' is 51200, outside 1..51199", "default 6400"]),
     ({"asha": True, "sample_budget": 1}, ["'asha' is set but each trial sees only 1 sample"]),
     ({"objective": "time_to_target", "target_loss": float("nan")}, ["'target_loss' is nan", "finite"]),
     ({"objective": "time_to_target", "target_loss": "-inf"}, ["'target_loss' is -inf"]),
@@ -167,7 +167,7 @@ def test_asha_stops_on_samples_seen_so_batch_sizes_compare_fairly():
     assert max(milestone for milestone, _ in asha._brackets[0]._rungs) < 6400
     with_eval = parse_sweep(sweep(asha=True, base={"train": {"eval_every": 20}}))
     assert _asha(with_eval).metric == "eval_loss" and _asha(parse_sweep(sweep())) is None
-    assert with_eval.asha.grace(with_eval.budget()) == 32000 // 8   # default: 1000 steps x 32
+    assert with_eval.asha.grace(with_eval.budget()) == 51200 // 8   # default: 800 steps x 64
 
 
 @pytest.mark.parametrize("asha", [{"reduction_factor": 2}, {"grace_samples": 1}, {"grace_samples": 6399}])
