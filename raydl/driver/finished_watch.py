@@ -58,8 +58,9 @@ class FinishedRunWatch:
             if finished_at is None and self.summary.exists():
                 finished_at = time.monotonic()
             if finished_at is not None and time.monotonic() - finished_at >= self.grace_s:
-                self._end(f"every step is done but Ray Train still waits for a node to place a replacement worker "
-                          f"on ({self.grace_s:.0f} s after the run's summary): ending the run without it")
+                self._end(f"the workers are done (every step, or stopped) but Ray Train still waits for a node to "
+                          f"place a replacement worker on ({self.grace_s:.0f} s after the run's summary): ending the "
+                          f"run without it")
                 return
             unseen = self._error_unseen()
             if unseen and time.time() - unseen[0] >= self.failed_grace_s:

@@ -276,10 +276,7 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
             t_eval = time.perf_counter()
             record.eval_loss, record.eval_s = evaluate(w)["loss"], time.perf_counter() - t_eval
-        # On the survivors path, checkpoints wait for the full group: Ray's report is a barrier of every worker,
-        # which a replacement still starting would not reach before the survivors' quorum times out.
-        checkpoint_due = (state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps) and \
-            (not w.survivors or w.survivors.members.size == w.session.world_size)
+        checkpoint_due = state.step % cfg.checkpoint.every_steps == 0 or state.step == w.total_steps
         if checkpoint_due or state.step % cfg.telemetry.report_every == 0:
             t_report = time.perf_counter()
             agreed = report(w, state, stats.has_loss, checkpoint_due=checkpoint_due, saved_on_notice=saved_on_notice)
@@ -344,12 +341,16 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
                            group_start=group_start, preempted=preempted,
                            device=torch.cuda.get_device_name(w.session.device) if w.session.device.type == "cuda"
                            else "cpu")   # the driver prices device-hours by it
-    if checkpoint_due or preempted or agreed.stop_signum:
-        w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
-    elif w.survivors and w.leads and state.step == w.total_steps:   # the group's is waiting for a replacement
+    # Smaller than its group, the survivors path cannot go through Ray's report (a barrier of every worker, which a
+    # replacement still starting would not reach before the survivors' quorum times out): the interval's
+    # checkpoints wait for the full group; the run's last one, at its end or at a stop, is the leader's alone.
+    smaller = w.survivors is not None and w.survivors.members.size < w.session.world_size
+    if smaller and w.leads and (state.step == w.total_steps or agreed.stop_signum):
         location = storage.join(*storage.run_checkpoints(w.cfg.checkpoint.storage_path, w.job["run_dir"],
                                                          w.job["run_id"]))
         w.session.save_alone(state.step, message, lambda path: save_checkpoint(w, state, path), location)
+    elif not smaller and (checkpoint_due or preempted or agreed.stop_signum):
+        w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
     else:
         w.session.report(message)
     return agreed

@@ -158,8 +158,10 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
 
 def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(cluster, data_cache, tmp_path):
     """A node is lost for good and Ray's controller waits to place the replacement; the user presses Ctrl-C:
-    the survivor checkpoints at its next report and the run ends with 128 + SIGINT, saying how to resume,
-    although the controller never placed the replacement (raydl.driver.finished_watch ends it)."""
+    the survivor checkpoints alone at its next report (Ray's report would wait for the missing worker) and the
+    run ends, saying how to resume, although the controller never placed the replacement
+    (raydl.driver.finished_watch ends it). The exit code (128 + SIGINT) is `raydl train`'s: tests/ray/test_stop.py;
+    this harness runs `run_training`."""
     import json
     import signal
 
@@ -183,7 +185,7 @@ def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(clus
     finally:
         run.stop()
     print(f"[survivors] Ctrl-C at world size 1, the replacement waiting: the run ended {ended:.1f} s later")
-    assert rc == 128 + signal.SIGINT, run.tail()
+    assert rc == 0, run.tail()
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["stopped_by_signal"] == signal.SIGINT and summary["steps"] > at, summary
     assert summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step_{summary['steps']:08d}", summary
