@@ -13,12 +13,13 @@ is a function applied to each stage (`pipeline_model(..., parallelize=...)`), as
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
+if TYPE_CHECKING:   # imported where a pipeline is built: it loads torch._dynamo (~0.5 s of every worker's start)
+    from torch.distributed.pipelining import PipelineStage
 
 from raydl.models.blocks import BlockModel
 from raydl.parallel import schedules
@@ -49,6 +50,8 @@ def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group,
                    parallelize: Callable[[nn.Module], nn.Module], loss_fn) -> tuple[Any, list[PipelineStage], BlockModel]:
     """(schedule, this rank's stages, a BlockModel holding this rank's blocks under their global names).
     `parallelize` wraps a stage and puts its tensors on `device` (materializes it, when it was built on meta)."""
+    from torch.distributed.pipelining import PipelineStage
+
     indices = schedules.stage_indices(layout.schedule, layout.pp, pp_rank)
     modules = split_stages(model, stage_cuts(layout, len(model.blocks)), indices)
     num_stages = layout.pp * len(indices)

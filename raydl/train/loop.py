@@ -324,7 +324,7 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
     # replica that joined since the last report holds fewer records: only the signals are agreed on.
     losses = [r.loss for r in records]
     agreed = agree([] if w.survivors else losses, has_loss,
-                   stop_signum=w.session.stop_signal(w.job.get("stop_actor")),
+                   stop_signum=w.session.stop_signal(w.job.get("stop_actor"), asks=w.leads),
                    preempted=w.session.preemption_notice(), device=w.session.device,
                    all_reduce=w.survivors.all_reduce_sum if w.survivors else None)
     for r, loss in zip(records, losses if w.survivors else agreed.losses):

@@ -100,12 +100,14 @@ class RaySession:
 
         return get_train_context().preemption_context.preemption_info is not None
 
-    def stop_signal(self, actor_name: str | None) -> int:
-        """The signal the driver got (0 = none, or not known yet), asked by rank 0 without waiting: the answer
-        to the previous question if it has come, and the next question sent."""
+    def stop_signal(self, actor_name: str | None, *, asks: bool) -> int:
+        """The signal the driver got (0 = none, or not known yet), asked without waiting by the one worker that
+        `asks` (rank 0; on the survivors path the first live replica, as rank 0 may be the worker lost): the
+        answer to the previous question if it has come, and the next question sent. The report's collective
+        tells the others."""
         import ray
 
-        if self.rank != 0 or not actor_name:
+        if not asks or not actor_name:
             return 0
         try:
             self._stop_actor = self._stop_actor or ray.get_actor(actor_name)   # one name lookup per group
@@ -244,7 +246,7 @@ class TorchrunSession:
     def preemption_notice(self) -> bool:
         return False   # torchrun has no drain notices; its restarts resume from the run directory
 
-    def stop_signal(self, actor_name: str | None) -> int:
+    def stop_signal(self, actor_name: str | None, *, asks: bool) -> int:
         return self.signals.signum   # torchrun forwards the signal to every rank's own handler
 
     def announce(self, line: str) -> None:
