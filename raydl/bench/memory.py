@@ -244,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="raydl-bench-mem-", dir="/tmp"))
     data = work / "data"
     families = sorted({family(name) for name in args.models})
+    runs_of = {*args.models, *(TINY[f] for f in families)}
     weights = {name: str(write_llama(work / name, dataset_meta(data), dims))
-               for name, dims in LLAMAS.items() if family(name) in families and name in (*args.models, TINY["llama"])}
+               for name, dims in LLAMAS.items() if name in runs_of}
     rows = []
     try:
         for layout in args.layouts:

@@ -10,8 +10,9 @@ nothing reaches the console). No handler in this process can run after that. Two
 - a small child process (`python -m raydl.driver.cluster_watch`) holds a pipe from this process. If the
   pipe closes without this process having said "done" or "said" (Ray's `_Exit` won the race with the
   thread), and the raylet then stops answering, the child prints the same paragraph on the stderr both
-  share. A run that ends in an error tells "done" at interpreter exit, after the CLI has printed it. The exit code, 1, is Ray's already. Signals sent to the group (Ctrl-C, a job stop) do not stop
-  the child: it ends when the pipe closes.
+  share. The exit code, 1, is Ray's already. A run that ends in an error tells "done" at interpreter
+  exit, after the CLI has printed it. Signals sent to the group (Ctrl-C, a job stop) do not stop the
+  child: it ends when the pipe closes.
 """
 
 from __future__ import annotations

@@ -273,7 +273,8 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
             marks.mark("fit_called")
             return trainer.fit()
     except (RayActorError, RaySystemError) as e:   # the Train controller itself is gone: its cluster went away
-        raise cluster_lost(run, address, f"Ray Train's controller died ({one_line(e)[:300]})") from None
+        raise ClusterLost(cluster_lost_message(str(run.run_dir), address,
+                                               f"Ray Train's controller died ({one_line(e)[:300]})")) from None
     except Exception as e:
         user_error = raydl_error_in(e)
         if user_error is None:
@@ -282,6 +283,3 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
         user_error.log_file = str(workers_log) if workers_log.exists() else None
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
 
-
-def cluster_lost(run: PreparedRun, address: str | None, cause: str) -> ClusterLost:
-    return ClusterLost(cluster_lost_message(str(run.run_dir), address, cause))
