@@ -249,10 +249,16 @@ class DebugSection:
                          "empty = off.")
     whole_model_build: bool = _f(False, "Build the whole model with real values on every worker, as raydl did before "
                                  "building on meta (raydl bench memory's 'before' side); off = build on meta.")
+    memory_limit_mb: int = _f(0, "Let each worker allocate at most N MiB of host memory beyond what it holds when its "
+                              "model build starts (RLIMIT_DATA); past it an allocation fails. Shows that a layout "
+                              "trains within less memory than the whole model needs (tests/dist/test_memory_limit.py); "
+                              "0 = off.")
 
     def __post_init__(self) -> None:
         if self.fail_at_step != -1 and self.fail_at_step < 1:
             raise ConfigError("debug.fail_at_step", f"is {self.fail_at_step}", "use -1 (off) or a step >= 1")
+        if self.memory_limit_mb < 0:
+            raise ConfigError("debug.memory_limit_mb", f"is {self.memory_limit_mb}", "use 0 (off) or a size in MiB")
         if self.fail_at_step != -1 and not self.ledger_dir:
             raise ConfigError("debug.fail_at_step", "needs debug.ledger_dir, where the failure marks that it "
                               "happened (it fires once)", "set --set debug.ledger_dir=DIR as well")

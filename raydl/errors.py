@@ -6,6 +6,8 @@ traceback means a bug in raydl, not in the user's input.
 
 from __future__ import annotations
 
+import re
+
 
 def one_line(error: BaseException) -> str:
     """A library's error message on one line (Arrow's and Ray's run over several), for a one-paragraph error."""
@@ -75,6 +77,37 @@ class TrainingDivergedError(RaydlError, FloatingPointError):
 
 def _rebuild_diverged(fields: dict) -> TrainingDivergedError:
     return TrainingDivergedError(**fields)
+
+
+class OutOfMemory(RaydlError, MemoryError):
+    """A worker could not allocate what its layout needs. Not bad input, and a restart of the same layout would only
+    fail again: exit 1, no retry."""
+
+    exit_code = 1
+
+    def __reduce__(self):   # errors raised in Ray workers travel pickled to the driver
+        return (type(self), self.args)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's allocation failures: the CPU allocator's RuntimeError, CUDA's OutOfMemoryError; and Python's own."""
+    return (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error)))
+
+
+def out_of_memory(error: BaseException, *, rank: int, during: str, limit_mb: int = 0) -> OutOfMemory:
+    """The paragraph for a worker's allocation failure `error`, with what to change."""
+    where = "GPU" if type(error).__name__ == "OutOfMemoryError" else "host"
+    asked = re.search(r"you tried to allocate (\d+) bytes", str(error))   # the CPU allocator's words
+    what = f"an allocation of {int(asked.group(1)) / 2**20:,.1f} MiB failed" if asked else one_line(error)[:240]
+    cap = (f" Each worker may allocate {limit_mb} MiB beyond what it held when its build started "
+           f"(debug.memory_limit_mb)." if limit_mb else "")
+    return OutOfMemory(
+        f"worker {rank} ran out of {where} memory while {during}: {what}.{cap} Fix: a layout that "
+        f"holds less per worker (parallel.dp_wrapper=fsdp shards weights, gradients and optimizer state; "
+        f"parallel.pp_degree splits the layers), train.optimizer_in_backward=true, a smaller train.micro_batch_size "
+        f"or model.activation_checkpointing=true, or workers with more memory; the refusal before a run starts "
+        f"predicts each worker's peak (docs/memory.md).")
 
 
 class ClusterLost(RaydlError):

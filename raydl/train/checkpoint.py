@@ -35,7 +35,7 @@ import pyarrow.fs as pafs
 
 from raydl import storage
 from raydl.checksum import sha256_file
-from raydl.errors import CheckpointError
+from raydl.errors import CheckpointError, is_out_of_memory
 from raydl.train import safe_dcp
 from raydl.train.checkpoint_state import FORMAT, state_problem
 from raydl.train.optim import states_one_by_one
@@ -234,6 +234,8 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
     # (a BaseException whose text is a traceback).
     except (Exception, CheckpointException) as e:
         cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+        if is_out_of_memory(cause):   # the checkpoint is fine: the worker is short of memory (raydl.train.loop)
+            raise cause from None
         if isinstance(cause, safe_dcp.UnsafeCheckpoint):
             raise CheckpointError(f"checkpoint '{path}' is not usable: {cause}. {FIX_EARLIER}, one you trust.") from None
         raise CheckpointError(f"checkpoint '{path}' could not be loaded ({type(cause).__name__}: {str(cause)[:300]}). "

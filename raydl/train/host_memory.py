@@ -13,6 +13,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import re
+import resource
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +49,20 @@ def return_large_blocks(threshold_kib: int) -> bool:
         log.warning(f"train.host_mmap_threshold_kib={threshold_kib}: glibc refused it; glibc's default stays")
         return False
     return True
+
+
+def cap_growth(limit_mib: int) -> int | None:
+    """debug.memory_limit_mb: from now on this process may allocate at most `limit_mib` MiB more than it holds now,
+    or an allocation fails (torch: "DefaultCPUAllocator: can't allocate memory"). The cap is RLIMIT_DATA, which counts
+    exactly a process's private writable memory (malloc's heap and mappings, thread stacks), not what it shares (Ray's
+    object store) or maps read-only (code, safetensors). Returns the limit set in bytes; None when off or without
+    /proc."""
+    status = Path("/proc/self/status")
+    if limit_mib <= 0 or not status.exists():
+        return None
+    found = re.search(r"VmData:\s+(\d+) kB", status.read_text())
+    if found is None:
+        return None
+    limit = int(found.group(1)) * 1024 + limit_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    return limit

@@ -10,15 +10,19 @@ checkpoint into that layout, and continue the data sequence where the checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import time
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from raydl import log as raydl_log
 from raydl import storage
@@ -29,7 +33,7 @@ from raydl.data.loader import StepLoader, epoch_steps, eval_batches
 from raydl.data.order import DataPosition
 from raydl.metrics import trackers
 from raydl.metrics.tensorboard import events_dir
-from raydl.errors import TrainingDivergedError
+from raydl.errors import RaydlError, TrainingDivergedError, is_out_of_memory, out_of_memory
 from raydl.models.choice import choose_model
 from raydl.models.registry import search_from
 from raydl.overrides import build_config
@@ -44,7 +48,7 @@ from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
-from raydl.train.host_memory import return_large_blocks, threshold_for
+from raydl.train.host_memory import cap_growth, return_large_blocks, threshold_for
 from raydl.train.memory_state import GroupStart, MemoryKeeper, begin_group
 from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer, lr_at, set_lr
@@ -156,6 +160,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     chosen.check_data(info)
     memory = MemoryMarks(cfg.debug.memory_dir, session.device)
     memory.mark("start")
+    cap_growth(cfg.debug.memory_limit_mb)
     model, init = build_for_worker(chosen, info.meta, cfg)   # on meta: allocated once laid out
     memory.mark("meta")
     fingerprint = chosen.fingerprint(model)
@@ -215,11 +220,14 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
 
 def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
     t_start = time.time()
-    w, state = start_worker(job, session)
+    with memory_errors(job, "building and loading its model"):
+        w, state = start_worker(job, session)
     try:
-        state, stopped_by = fit(w, state)
-        final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
-                          precision=w.cfg.train.precision, wall_s=time.time() - t_start, stopped_by_signal=stopped_by)
+        with memory_errors(job, "training"):
+            state, stopped_by = fit(w, state)
+            final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
+                              precision=w.cfg.train.precision, wall_s=time.time() - t_start,
+                              stopped_by_signal=stopped_by)
         w.memory.mark("end")
         w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                       step=state.step, final=final))
@@ -234,6 +242,20 @@ def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
         w.survivors.close()
     w.session.close()
     return dataclasses.asdict(final)
+
+
+@contextlib.contextmanager
+def memory_errors(job: dict[str, Any], during: str) -> Iterator[None]:
+    """An allocation failure becomes raydl's paragraph (exit 1, no retry: the same layout would fail again)."""
+    try:
+        yield
+    except Exception as e:
+        if not is_out_of_memory(e) or isinstance(e, RaydlError):
+            raise
+        traceback.clear_frames(e.__traceback__)   # what the failed frames held (a half-built model) goes now
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise out_of_memory(e, rank=rank, during=during,
+                            limit_mb=job["config"].get("debug", {}).get("memory_limit_mb", 0)) from e
 
 
 def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
