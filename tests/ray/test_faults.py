@@ -42,14 +42,16 @@ pytestmark = pytest.mark.slow
 #  * every step before the first restart: equal within 1e-6 relative (same layout: in practice bit-identical);
 #  * the first step after it: equal within 1e-4. It runs on the checkpoint's weights, so only the forward's
 #    summation order differs; a wrong or partial resume (weights, optimizer, lr, data position) shows here;
-#  * the end: the mean loss of the last epoch's reported steps at most 30% or 0.1 above the fault-free run's
-#    (whichever is more: once the task is learnt, 0.085 against 0.041 is noise, seen after a 2 -> 3 worker
-#    resize on 2026-11-26, where the first step after it matched to 1e-7), a sanity band only, one-sided (a broken resume trains worse, not better). Another layout sums the same mean gradient
-#    in another order and training amplifies the rounding differences: fault-free 1 vs 2 workers differ by 5e-8
-#    at step 3, 4e-7 at 30, 2e-5 at 40, 1e-3 at 60, 2.9e-3 at 120; after 600 steps one step's loss is chaotic
-#    (a 2 -> 3 worker run ended at 0.096 against the reference's 0.365: the model is mid-way through learning the
-#    addition task, where small shifts move the loss), hence the mean over an epoch.
-RESUME_TOLERANCE, FINAL_BAND, FINAL_ABS = 1e-4, 0.3, 0.1   # the loss starts at ~2.8
+#  * the end: the mean loss of the last epoch's reported steps at most 30% or 0.25 above the fault-free run's
+#    (whichever is more), a sanity band only, one-sided (a broken resume trains worse, not better): the run kept
+#    learning. Another layout sums the same mean gradient in another order and training amplifies the rounding
+#    differences: fault-free 1 vs 2 workers differ by 5e-8 at step 3, 4e-7 at 30, 2e-5 at 40, 1e-3 at 60, 2.9e-3
+#    at 120. When the task's addition is being learnt (steps ~120-500) the amplification is ~10x per step: after a
+#    2 -> 3 worker resize to pp=3 at step 110, steps 111-120 matched the fault-free run to 6e-7, then 3e-6 at 121,
+#    4e-4 at 123, 1% at 126; where the learning then speeds up moves by a hundred steps, and the last epoch's mean
+#    was 0.085 and 0.217 against the fault-free 0.041 in two CI runs (2026-11-26). A wrong resume is caught by the
+#    first step after it (RESUME_TOLERANCE), which no float noise reaches.
+RESUME_TOLERANCE, FINAL_BAND, FINAL_ABS = 1e-4, 0.3, 0.25   # the loss starts at ~2.8
 GB, STEPS, EVERY = 64, 120, 5      # 2 epochs of 60 steps
 LAST_EPOCH = 60
 # Growth and drain must happen while the run trains: a new node is seen within ~20 s (Ray's autoscaling
