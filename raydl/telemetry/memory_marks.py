@@ -42,4 +42,11 @@ class MemoryMarks:
 def _memory_now_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**20
-    return int(re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
+    return (proc_status_kib("VmRSS") or 0) / 1024
+
+
+def proc_status_kib(field: str) -> int | None:
+    """A `/proc/self/status` figure in KiB (VmRSS, VmData, ...); None without /proc or the field."""
+    status = Path("/proc/self/status")
+    found = re.search(rf"{field}:\s+(\d+) kB", status.read_text()) if status.exists() else None
+    return int(found.group(1)) if found else None

@@ -13,9 +13,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import re
 import resource
-from pathlib import Path
+
+from raydl.telemetry.memory_marks import proc_status_kib
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,9 @@ def cap_growth(limit_mib: int) -> int | None:
     exactly a process's private writable memory (malloc's heap and mappings, thread stacks), not what it shares (Ray's
     object store) or maps read-only (code, safetensors). Returns the limit set in bytes; None when off or without
     /proc."""
-    status = Path("/proc/self/status")
-    if limit_mib <= 0 or not status.exists():
+    held_kib = proc_status_kib("VmData") if limit_mib > 0 else None
+    if held_kib is None:
         return None
-    found = re.search(r"VmData:\s+(\d+) kB", status.read_text())
-    if found is None:
-        return None
-    limit = int(found.group(1)) * 1024 + limit_mib * 2**20
+    limit = held_kib * 1024 + limit_mib * 2**20
     resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
     return limit
