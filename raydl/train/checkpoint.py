@@ -54,6 +54,19 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def step_of(path: str | Path) -> int:
+    """The step a checkpoint directory was saved at, from its name (step_N, or step_N.2 for a redone step N)."""
+    return int(str(path).rstrip("/").rsplit("/", 1)[-1][len("step_"):].split(".")[0])
+
+
+def newer_than_registered(listed: list, registered: set[str], newest_registered: int | None) -> list:
+    """Of the complete checkpoints `listed` at a run's location (newest first), those Ray's registry does not hold
+    and that are newer than its newest: the survivors path's, written by the leading replica alone while the
+    group was smaller (raydl.train.session.RaySession.save_alone)."""
+    floor = -1 if newest_registered is None else newest_registered
+    return [c for c in listed if str(c).rstrip("/").rsplit("/", 1)[-1] not in registered and step_of(c) > floor]
+
+
 def is_complete(path: str | Path) -> bool:
     """Both files written last are there (a local path or a URI); `verify` checks the rest."""
     fs, p = storage.resolve(str(path), "--resume")

@@ -148,7 +148,9 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if session is None:
         session = (RaySession(job["metrics_sink"], tune_reports=job.get("tune_reports", False),
-                              survivors=job.get("recovery", NO_SURVIVORS)["survivors"]) if in_ray() else
+                              survivors=job.get("recovery", NO_SURVIVORS)["survivors"], keep=cfg.checkpoint.keep,
+                              checkpoints_at=storage.join(*storage.run_checkpoints(
+                                  cfg.checkpoint.storage_path, job["run_dir"], job["run_id"]))) if in_ray() else
                    TorchrunSession(job["run_dir"], cfg.checkpoint.keep,
                                    cfg.telemetry.progress, events_dir(cfg, job), trackers.settings_for(cfg, job),
                                    storage_path=cfg.checkpoint.storage_path, run_id=job["run_id"]))
@@ -364,13 +366,11 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
                            device=torch.cuda.get_device_name(w.session.device) if w.session.device.type == "cuda"
                            else "cpu")   # the driver prices device-hours by it
     # Smaller than its group, the survivors path cannot go through Ray's report (a barrier of every worker, which a
-    # replacement still starting would not reach before the survivors' quorum times out): the interval's
-    # checkpoints wait for the full group; the run's last one, at its end or at a stop, is the leader's alone.
+    # replacement still starting would not reach before the survivors' quorum times out): the leader writes the
+    # checkpoints alone until the group is whole again.
     smaller = w.survivors is not None and w.survivors.members.size < w.session.world_size
-    if smaller and w.leads and (state.step == w.total_steps or agreed.stop_signum):
-        location = storage.join(*storage.run_checkpoints(w.cfg.checkpoint.storage_path, w.job["run_dir"],
-                                                         w.job["run_id"]))
-        w.session.save_alone(state.step, message, lambda path: save_checkpoint(w, state, path), location)
+    if smaller and w.leads and (checkpoint_due or agreed.stop_signum):
+        w.session.save_alone(state.step, message, lambda path: save_checkpoint(w, state, path))
     elif not smaller and (checkpoint_due or preempted or agreed.stop_signum):
         w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
     else:

@@ -44,10 +44,13 @@ def pick_device(local_rank: int) -> torch.device:
 
 
 class RaySession:
-    def __init__(self, sink_name: str, *, tune_reports: bool = False, survivors: bool = False):
+    def __init__(self, sink_name: str, *, tune_reports: bool = False, survivors: bool = False,
+                 checkpoints_at: str = "", keep: int = 1):
         """`sink_name`: the run's metrics sink actor. `tune_reports`: also send every report through Ray Train
         (a multi-worker sweep trial: Tune sees a trial's progress only in its Train reports). `survivors`: the
-        survivors path (raydl.train.survivors), where any worker may be the one that sends the records."""
+        survivors path (raydl.train.survivors), where any worker may be the one that sends the records, and the
+        leading replica writes the checkpoints alone while the group is smaller, `keep` of them, to the run's
+        checkpoint location `checkpoints_at`."""
         import ray
         import ray.train
 
@@ -62,6 +65,8 @@ class RaySession:
         self.local_rank = ctx.get_local_rank()
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
+        self.alone: list[str] = []   # checkpoints written alone, newer than Ray's newest (survivors), newest first
+        self.checkpoints_at, self.keep = checkpoints_at, max(keep, 1)
         self.sink = ray.get_actor(sink_name) if self.rank == 0 or survivors else None
         route_worker_tracebacks(sink_name, self.rank)
         self.leader = self.rank == 0        # sends the records (the loop moves it on the survivors path)
@@ -71,15 +76,22 @@ class RaySession:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        """The newest registered checkpoint that verifies (a corrupt newest one falls back to the previous)."""
-        if self._train.get_checkpoint() is None:
+        """The newest checkpoint that verifies (a corrupt newest one falls back to the previous): Ray's registered
+        ones and, on the survivors path, the newer ones its leading replica wrote alone while the group was smaller
+        (Ray's registry never saw those, as the run's end and `raydl train --resume` do)."""
+        reports = self._train.get_all_reported_checkpoints() if self._train.get_checkpoint() is not None else []
+        reported = [r.checkpoint for r in reports]
+        self.registered = {Path(c.path).name for c in reported}
+        if self.survivors and self.checkpoints_at:
+            newest = max((r.metrics.get("step", -1) for r in reports), default=None)
+            listed = ckpt.all_complete(self.checkpoints_at)
+            self.alone = [str(c) for c in ckpt.newer_than_registered(listed, self.registered, newest)]
+        if not reported and not self.alone:
             yield None
             return
-        reported = [r.checkpoint for r in self._train.get_all_reported_checkpoints()]
-        self.registered = {Path(c.path).name for c in reported}
         with contextlib.ExitStack() as stack:
             dirs = [stack.enter_context(c.as_directory()) for c in reversed(reported)]
-            yield ckpt.agree_on_first_valid(dirs)
+            yield ckpt.agree_on_first_valid(self.alone + dirs)
 
     def newest_checkpoint_step(self) -> int | None:
         """The step of the newest checkpoint Ray registered for this run (from its metrics: no storage read)."""
@@ -140,20 +152,28 @@ class RaySession:
                                checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name=self._unused_name(step))
         finally:
             shutil.rmtree(d, ignore_errors=True)
+        if self.leader:   # Ray's newest now: the ones written alone before it are older (its retention skips them)
+            for old in self.alone:
+                ckpt.remove(old)
+            self.alone = []
 
-    def save_alone(self, step: int, report: WorkerReport, save_fn, location: str) -> None:
-        """The survivors path's last checkpoint while a replacement is still missing. Ray's report is a barrier of
-        every worker, which the missing one would never reach; the leader is a whole replica (its process group
-        is itself), so it writes the checkpoint straight to the run's checkpoint location, state file last, where
-        the run's summary and `raydl train --resume` find it (Ray's registry of checkpoints does not)."""
+    def save_alone(self, step: int, report: WorkerReport, save_fn) -> None:
+        """The survivors path's checkpoint while a replacement is still missing. Ray's report is a barrier of every
+        worker, which the missing one would never reach; the leader is a whole replica (its process group is
+        itself), so it writes the checkpoint straight to the run's checkpoint location, state file last, where the
+        run's summary, a restart of the group and `raydl train --resume` find it, and keeps `keep` of these."""
         d = tempfile.mkdtemp(prefix="raydl-ckpt-")
         try:
             save_fn(d)
-            target = storage.join(location, ckpt.checkpoint_name(step))
+            target = storage.join(self.checkpoints_at, ckpt.checkpoint_name(step))
             ckpt.upload_shards(d, target, rank=0)
             ckpt.upload_last(d, target)
         finally:
             shutil.rmtree(d, ignore_errors=True)
+        self.alone.insert(0, target)
+        for old in self.alone[self.keep:]:
+            ckpt.remove(old)
+        del self.alone[self.keep:]
         self._send(report)   # after the checkpoint: the run's summary (and its end) follows this report
 
     def _unused_name(self, step: int) -> str:
@@ -163,7 +183,8 @@ class RaySession:
         deleted with the first, and the second deletion fails the run (FileNotFoundError in the controller).
         The names sort newest first, as `checkpoint.all_complete` expects."""
         name, n = ckpt.checkpoint_name(step), 1
-        while (candidate := name if n == 1 else f"{name}.{n}") in self.registered:
+        taken = self.registered | {a.rstrip("/").rsplit("/", 1)[-1] for a in self.alone}
+        while (candidate := name if n == 1 else f"{name}.{n}") in taken:
             n += 1
         return candidate
 

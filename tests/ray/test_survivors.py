@@ -124,7 +124,9 @@ def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(
 def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_run(cluster, data_cache, tmp_path):
     """A node is lost for good, so Ray's controller waits to place the replacement (blind to the workers
     meanwhile), and then the survivor fails (debug.fail_at_step, at world size 1): the run ends within seconds
-    with the survivor's error (raydl.driver.finished_watch), not never; the checkpoint from before is kept."""
+    with the survivor's error (raydl.driver.finished_watch), not never. Meanwhile the survivor went on
+    checkpointing alone every 5 steps (Ray's report would wait for the missing worker), keeping
+    `checkpoint.keep` of those: the run's newest checkpoint is step 95, not the last one before the loss."""
     from raydl.driver.prepare import checkpoints_location
     from raydl.train import checkpoint as ckpt
 
@@ -152,8 +154,9 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     assert rc == 1, run.tail()
     assert f"debug.fail_at_step: injected failure at step {fail_at}" in run.tail(20000), run.tail()
     assert run.world_size() == 1   # it failed alone, the replacement still waiting
-    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))   # step 5's, or 10's if done before the loss
-    assert latest is not None and int(Path(latest).name[len("step_"):].split(".")[0]) >= 5, latest
+    complete = ckpt.all_complete(checkpoints_location(str(run.run_dir)))
+    assert complete and ckpt.step_of(complete[0]) == fail_at - 5, complete
+    assert len(complete) <= 2 * 2, complete   # Ray's `keep` (2, before the loss) and the survivor's own 2
 
 
 def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(cluster, data_cache, tmp_path):
