@@ -79,16 +79,18 @@ PIPELINE = ["parallel.pp_degree=2", "parallel.num_microbatches=2", "checkpoint.e
             "telemetry.report_every=1"]   # every step's record reaches metrics.jsonl: steps redone counted exactly
 
 
-def run_config(data_dir: Path, steps: int, fault: str, setting: str, ledger: Path) -> list[str]:
+def run_config(data_dir: Path, steps: int, fault: str, setting: str, ledger: Path,
+               extra: tuple[str, ...] = ()) -> list[str]:
+    """A run's overrides: the fault's, the setting's, then `extra` (--set), the same on every side."""
     if fault == "none":
         return [f"data.cache_dir={data_dir}", f"train.max_steps={steps}", "telemetry.progress=false",
-                *SETTINGS[setting]["overrides"]]
+                *SETTINGS[setting]["overrides"], *extra]
     workers = ["scaling.min_workers=1", "scaling.max_workers=2"] if fault == "node_loss" else \
         ["scaling.min_workers=2", "scaling.max_workers=2"]
     return [f"data.cache_dir={data_dir}", "data.builtin_samples=4096", f"train.max_steps={steps}",
             f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
             "telemetry.progress=false", "scaling.max_failures=3", f"debug.ledger_dir={ledger}", *workers,
-            *SETTINGS[setting]["overrides"], *(PIPELINE if fault == "pp_worker_kill" else [])]
+            *SETTINGS[setting]["overrides"], *(PIPELINE if fault == "pp_worker_kill" else []), *extra]
 
 
 def start_at_two_workers(root: Path, overrides: list[str], address: str, env: dict[str, str], ledger: Path,
@@ -107,11 +109,11 @@ def start_at_two_workers(root: Path, overrides: list[str], address: str, env: di
 
 
 def measure(cluster: FaultCluster, work: Path, fault: str, setting: str, *, steps: int, at_step: int,
-            rng: random.Random) -> dict[str, Any]:
+            rng: random.Random, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """One run with one fault, in a new directory under `work` (where the built-in data is cached)."""
     cluster.resize(1)
     root = Path(tempfile.mkdtemp(dir=work, prefix=f"{fault}-{setting}-"))
-    overrides = run_config(work / "data", steps, fault, setting, root / "ledger")
+    overrides = run_config(work / "data", steps, fault, setting, root / "ledger", extra)
     run = start_at_two_workers(root, overrides, cluster.address, SETTINGS[setting]["env"], root / "ledger")
     if fault == "none":
         return steady(run)
@@ -208,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=240, help="Steps per run (the fault comes at --at-step); enough "
                    "for the survivors' replacement to join before the end.")
     p.add_argument("--at-step", type=int, default=33)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="A config override for every run of every side (e.g. model.size=small: the steady cost "
+                        "of --faults none on longer steps); checked before anything starts.")
     args = harness.parse_args(p, argv)
+    load_config(None, args.overrides)   # a bad override fails here, not in the first run
     if "RAY_TMPDIR" not in os.environ:
         os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="raydl-recovery-")   # never another user's Ray
     session = harness.Session("recovery", args)
@@ -217,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {}
     try:
         sides = {f"{fault}/{setting}": functools.partial(measure, cluster, work, fault, setting, steps=args.steps,
-                                                         at_step=args.at_step, rng=rng)
+                                                         at_step=args.at_step, rng=rng,
+                                                         extra=tuple(args.overrides))
                  for fault in args.faults for setting in args.settings if setting in FAULT_SETTINGS[fault]}
         for _ in range(args.repeats):   # written after every round: a run takes minutes on a busy machine
             for side, side_runs in harness.alternate(sides, 1).items():

@@ -1,7 +1,9 @@
 """raydl bench recovery times the restarted group's first step, not a step the old group finished late; on the
 survivors path, the survivors' next step."""
 
+from raydl.bench import recovery
 from raydl.bench.recovery import after_fault
+from raydl.cli import main
 
 
 def record(step: int, time: float, world_size: int = 2) -> dict:
@@ -34,3 +36,13 @@ def test_a_step_in_flight_that_the_survivor_commits_is_not_the_end_of_the_stall(
     records = [record(s, float(s)) for s in range(1, 11)] + [record(11, 10.6)] + [record(12, 13.0, 1)]
     first, progress = after_fault(records, {}, 10.5, done_before=10)
     assert first == progress == record(12, 13.0, 1)
+
+
+def test_set_overrides_every_side_last_and_a_bad_one_fails_before_anything_starts(tmp_path, capsys):
+    for fault in ("none", "worker_kill"):
+        sides = [recovery.run_config(tmp_path, 100, fault, s, tmp_path / "ledger", ("model.size=small",))
+                 for s in recovery.FAULT_SETTINGS[fault]]
+        assert all(o[-1] == "model.size=small" for o in sides), sides
+    rc = main(["bench", "recovery", "--faults", "none", "--set", "model.sise=small", "--out", str(tmp_path / "r.json")])
+    assert rc == 2 and "did you mean 'size'" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
