@@ -149,7 +149,8 @@ class TrainSection:
 @dataclass(kw_only=True)
 class CheckpointSection:
     every_steps: int = _f(100, "Save a checkpoint every N steps (and at the end).")
-    keep: int = _f(2, "Number of checkpoints to keep.")
+    keep: int = _f(2, "Number of checkpoints to keep (on the survivors path the leader keeps as many again of "
+                   "its own, written while the group is smaller, until the whole group checkpoints).")
     storage_path: str = _f("", "Where checkpoints go: a local path or a URI (s3://, gs://, any pyarrow or fsspec "
                            "filesystem); empty = the run directory. On a cluster of several nodes (or an autoscaling "
                            "one) it must be a URI, or a path every node mounts (see shared_local).")
