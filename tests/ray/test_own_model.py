@@ -31,7 +31,8 @@ def own_model_dir(tmp_path, monkeypatch):
 
 def _sets(tmp_path: Path, data_cache: Path, steps: int) -> list[str]:
     return [f"data.cache_dir={data_cache}", f"run.runs_dir={tmp_path / 'runs'}", f"train.max_steps={steps}",
-            "data.builtin_samples=4096", "train.warmup_steps=5", "telemetry.report_every=10",
+            "data.builtin_samples=4096", "train.warmup_steps=5", "train.lr=0.003",   # a short run's lr
+            "telemetry.report_every=10",
             f"checkpoint.every_steps={steps}", "train.eval_batches=2", "telemetry.progress=false"]
 
 
@@ -85,7 +86,8 @@ def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_pat
 @pytest.mark.timeout(300)
 def test_examples_train_from_python_script(data_cache, tmp_path):
     """Its own process and its own Ray: the inline spec travels to the workers pickled by value."""
-    sets = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2", "train.warmup_steps=5"]
+    sets = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2", "train.warmup_steps=5",
+            "train.lr=0.003"]
     done = subprocess.run([sys.executable, "examples/train_from_python.py", "--steps", "40", "--runs-dir",
                            str(tmp_path / "runs"), *(a for s in sets for a in ("--set", s))],
                           cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
