@@ -54,9 +54,14 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def dir_name(path: str | Path) -> str:
+    """A checkpoint directory's own name (step_N), of a local path or a URI."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
+
+
 def step_of(path: str | Path) -> int:
     """The step a checkpoint directory was saved at, from its name (step_N, or step_N.2 for a redone step N)."""
-    return int(str(path).rstrip("/").rsplit("/", 1)[-1][len("step_"):].split(".")[0])
+    return int(dir_name(path)[len("step_"):].split(".")[0])
 
 
 def newer_than_registered(listed: list, registered: set[str], newest_registered: int | None) -> list:
@@ -64,7 +69,7 @@ def newer_than_registered(listed: list, registered: set[str], newest_registered:
     and that are newer than its newest: the survivors path's, written by the leading replica alone while the
     group was smaller (raydl.train.session.RaySession.save_alone)."""
     floor = -1 if newest_registered is None else newest_registered
-    return [c for c in listed if str(c).rstrip("/").rsplit("/", 1)[-1] not in registered and step_of(c) > floor]
+    return [c for c in listed if dir_name(c) not in registered and step_of(c) > floor]
 
 
 def is_complete(path: str | Path) -> bool:
@@ -275,7 +280,7 @@ def _all_complete_remote(root: str) -> list[str]:
     found = [i for d in (p, f"{p}/train") for i in fs.get_file_info(pafs.FileSelector(d, allow_not_found=True))]
     candidates = [storage.uri(fs, i.path) for i in found
                   if i.type == pafs.FileType.Directory and i.base_name.startswith("step_")]
-    return sorted((c for c in candidates if is_complete(c)), key=lambda c: c.rsplit("/", 1)[1], reverse=True)
+    return sorted((c for c in candidates if is_complete(c)), key=dir_name, reverse=True)
 
 
 def find_latest(root: str | Path) -> Path | str | None:

@@ -83,9 +83,8 @@ class RaySession:
         reported = [r.checkpoint for r in reports]
         self.registered = {Path(c.path).name for c in reported}
         if self.survivors and self.checkpoints_at:
-            newest = max((r.metrics.get("step", -1) for r in reports), default=None)
             listed = ckpt.all_complete(self.checkpoints_at)
-            self.alone = [str(c) for c in ckpt.newer_than_registered(listed, self.registered, newest)]
+            self.alone = [str(c) for c in ckpt.newer_than_registered(listed, self.registered, _newest_step(reports))]
         if not reported and not self.alone:
             yield None
             return
@@ -95,7 +94,7 @@ class RaySession:
 
     def newest_checkpoint_step(self) -> int | None:
         """The step of the newest checkpoint Ray registered for this run (from its metrics: no storage read)."""
-        return max((r.metrics.get("step", -1) for r in self._train.get_all_reported_checkpoints()), default=None)
+        return _newest_step(self._train.get_all_reported_checkpoints())
 
     def controller_start(self) -> float | None:
         """When the Train controller's process started (a start-up mark), asked of the controller."""
@@ -183,7 +182,7 @@ class RaySession:
         deleted with the first, and the second deletion fails the run (FileNotFoundError in the controller).
         The names sort newest first, as `checkpoint.all_complete` expects."""
         name, n = ckpt.checkpoint_name(step), 1
-        taken = self.registered | {a.rstrip("/").rsplit("/", 1)[-1] for a in self.alone}
+        taken = self.registered | {ckpt.dir_name(a) for a in self.alone}
         while (candidate := name if n == 1 else f"{name}.{n}") in taken:
             n += 1
         return candidate
@@ -304,6 +303,11 @@ class TorchrunSession:
         self.console.close()
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _newest_step(reports) -> int | None:
+    """The step of the newest of Ray's reported checkpoints, from their metrics."""
+    return max((r.metrics.get("step", -1) for r in reports), default=None)
 
 
 def _barrier() -> None:
