@@ -66,6 +66,8 @@ class RaySession:
         self.device = pick_device(self.local_rank)
         self.registered: set[str] = set()   # checkpoint dir names registered before this worker group started
         self.alone: list[str] = []   # checkpoints written alone, newer than Ray's newest (survivors), newest first
+        self.last_reported: str | None = None   # the name of this group's newest checkpoint reported through Ray
+        self.unconfirmed: list[str] = []   # ones reported through Ray just before a loss, which Ray may never register
         self.checkpoints_at, self.keep = checkpoints_at, max(keep, 1)
         self.sink = ray.get_actor(sink_name) if self.rank == 0 or survivors else None
         route_worker_tracebacks(sink_name, self.rank)
@@ -144,23 +146,45 @@ class RaySession:
         from ray.train import Checkpoint
 
         self._send(report)
-        d = tempfile.mkdtemp(prefix="raydl-ckpt-")
+        d, name = tempfile.mkdtemp(prefix="raydl-ckpt-"), self._unused_name(step)
         try:
             save_fn(d)
             self._train.report(report.to_dict() if self.tune_reports else report.registered_metrics(),
-                               checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name=self._unused_name(step))
+                               checkpoint=Checkpoint.from_directory(d), checkpoint_dir_name=name)
         finally:
             shutil.rmtree(d, ignore_errors=True)
+        self.last_reported = name
         if self.leader:   # Ray's newest now: the ones written alone before it are older (its retention skips them)
             for old in self.alone:
                 ckpt.remove(old)
             self.alone = []
+            self._remove_unregistered(name)
+
+    def _remove_unregistered(self, newest: str) -> None:
+        """Delete the checkpoints reported through Ray just before a loss that Ray never registered.
+
+        Ray uploads a report's checkpoint before it has every worker's report; when it replaces a lost worker it
+        discards the survivors' pending reports, so that upload stays in storage, complete, outside Ray's retention.
+        Whether Ray registered it is known only once it has registered a newer one (`newest`, just reported):
+        it registers in report order."""
+        if not self.unconfirmed:
+            return
+        kept = {Path(r.checkpoint.path).name for r in self._train.get_all_reported_checkpoints(timeout_s=30)}
+        if newest not in kept:
+            return   # not registered yet (a slow controller): ask again at the next checkpoint
+        for name in self.unconfirmed:
+            if name not in kept:   # never registered, or registered and since deleted by Ray's retention
+                ckpt.remove(storage.join(self.checkpoints_at, name))
+        self.unconfirmed = []
 
     def save_alone(self, step: int, report: WorkerReport, save_fn) -> None:
         """The survivors path's checkpoint while a replacement is still missing. Ray's report is a barrier of every
         worker, which the missing one would never reach; the leader is a whole replica (its process group is
         itself), so it writes the checkpoint straight to the run's checkpoint location, state file last, where the
         run's summary, a restart of the group and `raydl train --resume` find it, and keeps `keep` of these."""
+        if self.last_reported:   # the group's last report through Ray, maybe never registered (_remove_unregistered)
+            self.unconfirmed.append(self.last_reported)
+            self.last_reported = None
         d = tempfile.mkdtemp(prefix="raydl-ckpt-")
         try:
             save_fn(d)

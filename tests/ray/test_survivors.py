@@ -156,7 +156,9 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     assert run.world_size() == 1   # it failed alone, the replacement still waiting
     complete = ckpt.all_complete(checkpoints_location(str(run.run_dir)))
     assert complete and ckpt.step_of(complete[0]) == fail_at - 5, complete
-    assert len(complete) <= 2 * 2, complete   # Ray's `keep` (2, before the loss) and the survivor's own 2
+    # Ray's `keep` (2, before the loss), the survivor's own 2, and the checkpoint Ray was registering at the loss,
+    # uploaded but never registered (removed only at a next whole-group checkpoint, which this run never reaches).
+    assert len(complete) <= 2 * 2 + 1, complete
 
 
 def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(cluster, data_cache, tmp_path):
