@@ -71,6 +71,7 @@ class Survivors:
         if not log.isEnabledFor(logging.DEBUG):
             for name in TORCHFT_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
+            logging.getLogger("torchft.manager").addFilter(_without_flight_recorder_warning)
         self.workers = workers
         self.cfg, self.engine, self.model, self.optimizer, self.scaler = cfg, engine, engine.model, optimizer, scaler
         self.make_loader = make_loader
@@ -199,6 +200,12 @@ class Survivors:
             self._batches.close()     # stops its read-ahead thread
         self.engine.layout = self.layout(self.members.size)
         self._batches = iter(self.make_loader(position, self.members))
+
+
+def _without_flight_recorder_warning(record: logging.LogRecord) -> bool:
+    """torchft warns at every change of members that it cannot reset NCCL's flight recorder, on every torch
+    build without one (CPU): a line on the user's console that says nothing about their run."""
+    return "flight recorder" not in record.getMessage()
 
 
 def replica_id(rank: int) -> str:
