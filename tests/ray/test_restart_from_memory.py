@@ -100,7 +100,10 @@ def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data
         run.stop()
     (restart,) = summary["restarts"]
     log(f"killed after step {fault_after} with rank 1's held steps {held} dropped: {restart}")
-    assert restart["resumed_at_step"] == 20 and restart["steps_redone"] == fault_after - 20, restart
+    # The storage checkpoint, not a held step; every step since it redone. The last step may be one past
+    # `fault_after`: a step done before the SIGSTOP whose record reached the driver after it (as in CI once).
+    assert restart["resumed_at_step"] == 20 and restart["step"] in (fault_after, fault_after + 1), restart
+    assert restart["steps_redone"] == restart["step"] - 20, restart
     assert "resumed from memory" not in run.tail(200_000)
     assert_exactly_once(run, data_cache)
     same_as_reference(run, summary, reference)
