@@ -34,6 +34,9 @@ from raydl.train import checkpoint as ckpt
 from raydl.train.tracebacks import SEND_TIMEOUT_S, route_worker_tracebacks
 
 log = logging.getLogger(__name__)
+# How long the leader waits for Ray's registry before it tidies up (RaySession._remove_unregistered): well inside
+# the survivors' 30 s collective timeout, which the others spend waiting for it in the next step.
+REGISTRY_WAIT_S = 5.0
 
 
 def pick_device(local_rank: int) -> torch.device:
@@ -169,7 +172,8 @@ class RaySession:
         it registers in report order."""
         if not self.unconfirmed:
             return
-        kept = {Path(r.checkpoint.path).name for r in self._train.get_all_reported_checkpoints(timeout_s=30)}
+        registry = self._train.get_all_reported_checkpoints(timeout_s=REGISTRY_WAIT_S)
+        kept = {Path(r.checkpoint.path).name for r in registry}
         if newest not in kept:
             return   # not registered yet (a slow controller): ask again at the next checkpoint
         for name in self.unconfirmed:
