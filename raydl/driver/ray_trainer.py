@@ -55,7 +55,6 @@ PRIVATE_RAY_ENV = "RAYDL_PRIVATE_RAY"
 
 def connect(address: str | None, env: dict[str, str]) -> None:
     import ray
-    from ray._private.authentication import authentication_token_setup
 
     os.environ.update(env)   # Train V2 hands these from the driver to the controller and workers
     if ray.is_initialized():
@@ -82,7 +81,7 @@ def connect(address: str | None, env: dict[str, str]) -> None:
         # Ray warns on every start of a local cluster that token auth is on, its default (RAY_AUTH_MODE unset):
         # nothing a user of this private cluster acts on (shown with --verbose).
         if raydl_log.ray_log_level() > logging.INFO:
-            logging.getLogger(authentication_token_setup.__name__).setLevel(logging.ERROR)
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(address="local", runtime_env=runtime_env, include_dashboard=False,
                  logging_level=raydl_log.ray_log_level())
 

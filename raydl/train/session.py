@@ -86,7 +86,7 @@ class RaySession:
         (Ray's registry never saw those, as the run's end and `raydl train --resume` do)."""
         reports = self._train.get_all_reported_checkpoints() if self._train.get_checkpoint() is not None else []
         reported = [r.checkpoint for r in reports]
-        self.registered = {Path(c.path).name for c in reported}
+        self.registered = _names(reports)
         if self.survivors and self.checkpoints_at:
             listed = ckpt.all_complete(self.checkpoints_at)
             self.alone = [str(c) for c in ckpt.newer_than_registered(listed, self.registered, _newest_step(reports))]
@@ -172,8 +172,7 @@ class RaySession:
         it registers in report order."""
         if not self.unconfirmed:
             return
-        registry = self._train.get_all_reported_checkpoints(timeout_s=REGISTRY_WAIT_S)
-        kept = {Path(r.checkpoint.path).name for r in registry}
+        kept = _names(self._train.get_all_reported_checkpoints(timeout_s=REGISTRY_WAIT_S))
         if newest not in kept:
             return   # not registered yet (a slow controller): ask again at the next checkpoint
         for name in self.unconfirmed:
@@ -331,6 +330,11 @@ class TorchrunSession:
         self.console.close()
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _names(reports) -> set[str]:
+    """The directory names of Ray's reported checkpoints."""
+    return {ckpt.dir_name(r.checkpoint.path) for r in reports}
 
 
 def _newest_step(reports) -> int | None:
