@@ -2,7 +2,7 @@
 
 Head: `ray start --head --num-cpus=1` with Ray's fake multi-node provider (RAY_FAKE_CLUSTER=1; the config is
 cluster/local-fake.yaml with the head's real GCS address), autoscaler update every 1 s, idle timeout 15 s.
-Job: `raydl submit -- train` elastic with scaling.min_workers=1, max_workers=2 (1 CPU per worker).
+Job: `python jobs/train.py` (raydl submit's entrypoint), elastic with scaling.min_workers=1, max_workers=2 (1 CPU per worker).
 
 Expected sequence, each step polled with a deadline:
   1. training starts at world size 1 on the head's single CPU (or at 2, when the added node is up first);
@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from raydl import jobs
+from raydl import job_package, jobs
 from raydl.bench.fault_cluster import poll
 from tests.helpers import free_port
-from tests.ray.ray_head import VENV_BIN, alive_nodes, short_tmp_dir, start_head, stop_head
+from tests.ray.ray_head import alive_nodes, short_tmp_dir, start_head, stop_head
 
 pytestmark = pytest.mark.slow
 
@@ -64,16 +63,18 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
         client = jobs.Jobs(head.address, str(head.token_file))
         t0 = time.monotonic()
         # Like a real cluster, every node must see the data and the run dir: on one machine any absolute path
-        # is "shared storage". Relative defaults would land in the job's unpacked working dir, which each
-        # node's runtime-env agent unpacks for itself (here: the same path, wiped and re-extracted).
+        # is "shared storage". Relative defaults would land in the job's working dir.
         shared = [f"data.cache_dir={tmp / 'data'}", f"run.runs_dir={tmp / 'runs'}", "checkpoint.shared_local=true",
                   "data.shared_local=true"]
-        sub = subprocess.run([f"{VENV_BIN}/raydl", "submit", "--address", head.address, "--token-file",
-                              str(head.token_file), "--no-wait", "--", "train", *ELASTIC,
-                              *(arg for kv in shared for arg in ("--set", kv))],
-                             cwd=REPO, env=head.client_env(token_env=False), capture_output=True, text=True, timeout=60)
-        assert sub.returncode == 0, sub.stderr
-        job_id = sub.stdout.strip()
+        # The job's working dir is the repository in place (a `local://` URI, as on a cluster whose nodes share a
+        # filesystem), not an uploaded package: Ray's runtime-env agent on each node unpacks a package at its
+        # first use of it with overwrite=True (rmtree, then extract), and this fake cluster's nodes are started
+        # by the head's autoscaler in the head's session dir, so the node added mid-run wiped the directory the
+        # head's Train controller ran in (FileNotFoundError from os.getcwd, in CI). On a real cluster every node
+        # unpacks into its own disk; the upload itself is test_jobs_submit's.
+        command = ["train", *ELASTIC, *(arg for kv in shared for arg in ("--set", kv))]
+        job_id = client.submit(job_package.entrypoint(command),
+                               {"working_dir": f"local://{REPO}", "env_vars": job_package.parse_env([])})
         times = {}
 
         def progress() -> bool:

@@ -80,8 +80,9 @@ def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layo
 
 @pytest.mark.timeout(900)
 def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data_cache, tmp_path):
-    """Rank 1's shards taken out of the holder while the workers are stopped: no step is held by every rank, so
-    the restarted group reloads the last storage checkpoint (every 10 steps here) instead."""
+    """Rank 1's shards taken out of the holder while the workers are stopped, and the stopped group's later sends
+    refused: no step is held by every rank, so the restarted group reloads the last storage checkpoint (every 10
+    steps here) instead."""
     extra = "checkpoint.every_steps=10"
     reference = reference_run(tmp_path / "reference" / "run", overrides(data_cache, extra))
     run = ledger_run(tmp_path / "faulted", overrides(data_cache, extra), cluster.address).start()
@@ -111,7 +112,10 @@ def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data
 
 def drop_rank_from_holder(address: str, *, rank: int) -> list[str]:
     """Take `rank`'s shards out of the run's state holder (in a client process of its own: this one runs the
-    cluster); returns the held entries that had it."""
+    cluster); returns the held entries that had it. The holder's generation moves on too, as at a new worker
+    group's start, so that it refuses the stopped group's sends: a rank's shard sent just before the SIGSTOP
+    (from its sender thread, not waited for) may reach the holder after this drop and complete a newer step
+    (CI once resumed at step 26, held by both ranks after rank 1's 25 was dropped)."""
     code = textwrap.dedent(f"""
         import json, ray
         ray.init(address={address!r}, logging_level="ERROR")
@@ -121,6 +125,7 @@ def drop_rank_from_holder(address: str, *, rank: int) -> list[str]:
             had = [f"{{g}}/{{s}}" for (g, s), e in h.entries.items() if {rank} in e["ranks"]]
             for e in h.entries.values():
                 e["ranks"].pop({rank}, None)
+            h.generation += 1
             return had
         print(json.dumps(ray.get(holder.__ray_call__.remote(drop))))
     """)
