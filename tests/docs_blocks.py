@@ -2,7 +2,9 @@
 
 Each line of a block is one command (a line ending in a backslash continues on the next; blank lines and
 `#` lines are skipped). A block is skipped only when the line just before its opening fence is
-`<!-- not tested: REASON -->`; any other block must hold at least one command, and every command must pass.
+`<!-- not tested: REASON -->`, or `<!-- tested by: tests/PATH.py::test_name -->` naming the test that already
+runs the same commands (tests/unit/test_docs_blocks.py checks that the test exists); any other block must hold
+at least one command, and every command must pass.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"^<!-- not tested: (?P<reason>\S.*?) -->$")
+MARKER = re.compile(r"^<!-- (?:not tested: (?P<reason>\S.*?)|tested by: (?P<test>tests/\S+\.py::\w+)) -->$")
 OPEN, CLOSE = "```bash", "```"
 
 
@@ -22,6 +24,7 @@ class Block:
     line: int                  # 1-based line of the opening fence
     commands: tuple[str, ...]
     skip_reason: str | None    # the marker's reason: the block is not run
+    tested_by: str | None = None   # "tests/x.py::test_y", the test that runs these commands: not run again here
 
 
 class DocsError(ValueError):
@@ -41,7 +44,8 @@ def blocks(text: str, page: str = "<text>") -> list[Block]:
     while i < len(lines):
         stripped = lines[i].strip()
         if MARKER.match(stripped) and not (i + 1 < len(lines) and lines[i + 1].strip() == OPEN):
-            raise DocsError(f"{page}:{i + 1}: a 'not tested' marker must be the line just before a ```bash fence")
+            raise DocsError(f"{page}:{i + 1}: a 'not tested' or 'tested by' marker must be the line just before a "
+                            "```bash fence")
         if not stripped.startswith(CLOSE):
             i += 1
             continue
@@ -52,7 +56,8 @@ def blocks(text: str, page: str = "<text>") -> list[Block]:
             i = end + 1
             continue
         marker = MARKER.match(lines[i - 1].strip()) if i else None
-        block = Block(page, i + 1, commands(lines[i + 1:end]), marker["reason"] if marker else None)
+        block = Block(page, i + 1, commands(lines[i + 1:end]), marker["reason"] if marker else None,
+                      marker["test"] if marker else None)
         if not block.commands and block.skip_reason is None:
             raise DocsError(f"{page}:{i + 1}: a ```bash block with no command and no 'not tested' marker")
         found.append(block)

@@ -37,6 +37,24 @@ def test_other_fences_are_not_commands():
     assert blocks(text) == []
 
 
+def test_a_tested_by_marker_names_the_test_that_runs_the_block():
+    text = "<!-- tested by: tests/ray/test_x.py::test_y -->\n```bash\nraydl train\n```"
+    assert blocks(text, "page.md") == [Block("page.md", 2, ("raydl train",), None, "tests/ray/test_x.py::test_y")]
+    with pytest.raises(DocsError, match="no command"):
+        blocks("<!-- tested by: tests/ray/test_x.py::test_y -->\n```bash\n```", "page.md")
+    assert blocks("<!-- tested by: somewhere -->\n```bash\necho hi\n```")[0].tested_by is None   # not a test: runs
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_every_tested_by_marker_names_a_test_that_exists(page):
+    for block in page_blocks(page):
+        if block.tested_by:
+            path, name = block.tested_by.split("::")
+            assert (REPO / path).is_file(), f"{block.page}:{block.line}: {path} does not exist"
+            assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), \
+                f"{block.page}:{block.line}: {path} has no test {name}"
+
+
 @pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
 def test_every_page_parses(page):
     parsed = page_blocks(page)
