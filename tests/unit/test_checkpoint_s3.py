@@ -22,6 +22,7 @@ def upload(local, uri: str, *, skip: str | None = None) -> None:
             storage.write_bytes(fs, f"{path}/{f.name}", f.read_bytes())
 
 
+@pytest.mark.slow   # moto's S3 server, a process
 def test_an_upload_cut_off_falls_back_to_the_previous_checkpoint(s3_bucket, tmp_path):
     runs = f"{s3_bucket}/ckpt/run-1"
     old, new = save_step(tmp_path, 10), save_step(tmp_path, 20)

@@ -23,6 +23,7 @@ def dead_port():
         yield closed.getsockname()[1]
 
 
+@pytest.mark.slow   # a child process
 def test_a_driver_gone_silently_with_its_raylet_gets_the_one_paragraph(tmp_path, dead_port):
     child = run_child(tmp_path, dead_port, b"")   # the pipe closed without a word: Ray's _Exit(1)
     said = child.stderr.decode().strip().splitlines()
@@ -36,6 +37,7 @@ def test_a_driver_that_said_its_last_word_gets_nothing_more(tmp_path, dead_port,
     assert child.returncode == 0 and child.stderr == b"" and child.stdout == b""
 
 
+@pytest.mark.slow   # a child process
 def test_a_driver_killed_while_its_raylet_answers_gets_nothing(tmp_path):
     with socket.socket() as listening:   # killed for another reason (kill -9, out of memory)
         listening.bind(("127.0.0.1", 0))

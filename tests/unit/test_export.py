@@ -53,6 +53,7 @@ def data_sets(data_cache):
     return [f"data.cache_dir={data_cache}"]
 
 
+@pytest.mark.slow   # imports transformers
 def test_hf_export_loads_in_transformers_with_raydl_logits(tmp_path, data_sets):
     from transformers import AutoModelForCausalLM
 
@@ -134,6 +135,7 @@ def export_pt2(tmp_path, data_sets):
     return model, meta
 
 
+@pytest.mark.slow   # torch.export traces the model (~4 s here)
 def test_pt2_export_of_raydls_gpt_gives_its_outputs(tmp_path, data_sets):
     model, meta = export_pt2(tmp_path, data_sets)
     program = torch.export.load(tmp_path / "pt2" / "model.pt2").module()

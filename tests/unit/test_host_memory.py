@@ -33,6 +33,7 @@ def kept_mib(threshold_kib: int) -> float:
     return float(done.stdout)
 
 
+@pytest.mark.slow   # two processes that allocate and free 312 MiB
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_blocks_return_to_the_os_with_a_fixed_threshold():
     default, fixed = kept_mib(0), kept_mib(1024)

@@ -162,6 +162,7 @@ def call_main_with_deadline(argv: list[str], deadline_s: float) -> tuple[int | N
     return result.get("rc"), time.monotonic() - t0
 
 
+@pytest.mark.slow   # waits for the client's timeout
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_server_that_never_answers_times_out_naming_the_address(clean_env, monkeypatch, capsys, how):
     with silent_server() as (url, held):

@@ -69,6 +69,7 @@ def _text_file(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.slow   # a raydl process each
 @pytest.mark.parametrize("flags", [["-q"], ["data", "-q"], []], ids=["global", "per-command", "default"])
 def test_cli_quiet_prints_no_info_lines(tmp_path, flags):
     argv = [RAYDL, *flags, *(["data"] if flags[:1] != ["data"] else []), "prepare", "--from", "text",

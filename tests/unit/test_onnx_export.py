@@ -48,6 +48,7 @@ def test_onnx_export_runs_in_onnxruntime_with_raydls_outputs(name, models_dir, d
     assert not list(models_dir.glob(".onnx.partial-*"))
 
 
+@pytest.mark.slow   # imports torch.onnx's exporter first (~10 s here)
 def test_a_model_without_example_inputs_is_refused(models_dir, data_cache, capsys):
     (models_dir / "mymodels" / "noexample.py").write_text(NO_EXAMPLE)
     save_run(models_dir / "run", ["model.name=mymodels.noexample:spec", f"data.cache_dir={data_cache}"])

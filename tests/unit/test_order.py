@@ -13,7 +13,8 @@ STARTS = np.concatenate([[0], np.cumsum([g.rows for g in GROUPS])])
 
 def dataset_rows(order: EpochOrder, group: np.ndarray, row: np.ndarray) -> np.ndarray:
     """(row group, row in its shuffled order) -> the row's number in the dataset (file order)."""
-    stored = np.array([order.row_permutation(g)[r] for g, r in zip(group.tolist(), row.tolist())], dtype=np.int64)
+    permutations = {g: order.row_permutation(g) for g in set(group.tolist())}   # one per row group, not per row
+    stored = np.array([permutations[g][r] for g, r in zip(group.tolist(), row.tolist())], dtype=np.int64)
     return STARTS[group] + stored
 
 

@@ -1,7 +1,8 @@
 """Property-based: `--set` overrides and dataset manifests from anywhere end in a result or a raydl error.
 
-Each test draws 1,000 inputs per run (the fast suite). An exception other than raydl's own
-(one paragraph, exit 2) is a bug: a bare traceback for the user.
+Each test draws 1,000 inputs per run: 20-45 s on 2 cores, so they run with the slow part (the fast part's
+bad-input modules cover the same fields case by case). An exception other than raydl's own (one paragraph,
+exit 2) is a bug: a bare traceback for the user.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +23,8 @@ from raydl.data.dataset import check_task, open_dataset
 from raydl.data.order import steps_per_epoch
 from raydl.errors import RaydlError
 from raydl.overrides import load_config
+
+pytestmark = pytest.mark.slow
 
 FIELDS = [f"{s}.{f.name}" for s, f in iter_fields()]
 SCALARS = st.one_of(st.integers(-10**12, 10**12).map(str), st.floats(allow_nan=True).map(repr),

@@ -33,6 +33,7 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow   # matplotlib draws report.png
 def test_run_report_prints_summary_json_as_a_table_and_draws_the_png(tmp_path, capsys):
     run = tmp_path / "run"
     # shrink, then grow again, each redoing steps
@@ -56,6 +57,7 @@ def test_run_report_prints_summary_json_as_a_table_and_draws_the_png(tmp_path, c
     assert [(m.step, m.kind) for m in markers] == [(53, "resize"), (91, "resize")]
 
 
+@pytest.mark.slow   # matplotlib draws results.png
 def test_sweep_report_has_a_line_per_trial_with_its_last_attempts_summary(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     (sweep / "trials" / "failed").mkdir(parents=True)   # a trial that failed before its first step
@@ -88,6 +90,7 @@ def test_sweep_report_has_a_line_per_trial_with_its_last_attempts_summary(tmp_pa
     assert [(m.step, m.text) for m in trial_a.markers] == [(31, "resumed (attempt-2)")]
 
 
+@pytest.mark.slow   # matplotlib draws report.png
 def test_an_unfinished_run_is_reported_from_its_records(tmp_path, capsys):
     run = tmp_path / "run"
     write_run(run, [(2, 1, 30)], final=False)

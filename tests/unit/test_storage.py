@@ -61,6 +61,7 @@ def test_an_unknown_scheme_is_one_paragraph_naming_the_field(tmp_path, monkeypat
     assert err.count("\n") == 1 and sorted(os.listdir(tmp_path)) == ["plays.txt"]
 
 
+@pytest.mark.slow   # moto's S3 server, a process
 def test_prepare_inspect_and_open_on_s3_write_nothing_locally(s3_bucket, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     src = tmp_path / "plays.txt"
@@ -127,6 +128,7 @@ def test_credentials_the_store_refuses_stop_train_before_ray_starts(checking_s3,
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow   # moto's S3 server, a process
 def test_no_credentials_at_all_stop_prepare_with_one_paragraph(checking_s3, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
@@ -180,6 +182,7 @@ def test_the_builtin_dataset_is_generated_once_into_a_bucket_cache(s3_bucket, tm
     assert _objects(s3_bucket.removeprefix("s3://"), "cache/") == written and os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow   # moto's S3 server, a process
 def test_the_loader_reads_the_same_epoch_from_a_bucket_as_from_disk(s3_bucket, tmp_path):
     """Shards downloaded once, checked against their sha256 and decoded from memory: the same rows, same order."""
     from raydl.data.loader import StepLoader
