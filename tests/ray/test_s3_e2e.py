@@ -26,6 +26,9 @@ boto3 = pytest.importorskip("boto3", reason="the S3 tests need raydl's [test] ex
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 RAYDL = str(Path(sys.executable).parent / "raydl")
+# Long enough that the worker SIGKILLed after step 30 dies well before the run's end (70 steps of ~0.1 s and 7
+# checkpoint uploads later); it was 200 (91 s for the file's first test on a quiet 2-core machine).
+STEPS = 100
 
 
 def raydl(cwd: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -56,7 +59,7 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
               "train.global_batch_size=16", "train.micro_batch_size=8", "train.eval_batches=1",
               "checkpoint.every_steps=10", "telemetry.report_every=10", "telemetry.progress=false"]
 
-    train = subprocess.Popen([RAYDL, "-q", "train", *sets(*common, "train.max_steps=200")], cwd=tmp_path,
+    train = subprocess.Popen([RAYDL, "-q", "train", *sets(*common, f"train.max_steps={STEPS}")], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while newest_step(runs) < 30 or not any("step_00000020/" in k for k in objects(ckpts)):
@@ -66,27 +69,27 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
     out, err = train.communicate(timeout=600)
     assert train.returncode == 0, err[-4000:]
     summary = json.loads(out)                      # stdout is the summary alone, worker death or not
-    assert summary["steps"] == 200 and len(summary["restarts"]) >= 1, summary["restarts"]
-    assert summary["checkpoint"].startswith("s3://") and summary["checkpoint"].endswith("step_00000200"), summary
+    assert summary["steps"] == STEPS and len(summary["restarts"]) >= 1, summary["restarts"]
+    assert summary["checkpoint"].startswith("s3://") and summary["checkpoint"].endswith(f"step_{STEPS:08d}"), summary
     run_dir = Path(summary["run_dir"])
     name = f"{run_dir.name}-{(run_dir / 'run_id').read_text().strip()}"
     keys = objects(f"{ckpts}/{name}/")
-    assert any(k.endswith("step_00000200/raydl_state.json") for k in keys), keys
+    assert any(k.endswith(f"step_{STEPS:08d}/raydl_state.json") for k in keys), keys
     assert not list(tmp_path.rglob("s3:")) and not (run_dir / "train").exists()   # nothing of it on local disk
     p = raydl(tmp_path, "report", f"{ckpts}/{name}/run")     # the run's record beside its checkpoints
-    assert p.returncode == 0 and "200" in p.stdout, p.stderr[-4000:]
+    assert p.returncode == 0 and str(STEPS) in p.stdout, p.stderr[-4000:]
 
     # The newest checkpoint's upload cut off: its state and .metadata are there, one rank's shard is not.
     bucket = s3_bucket.removeprefix("s3://")
-    shard = next(k for k in keys if "step_00000200/__1_" in k)
+    shard = next(k for k in keys if f"step_{STEPS:08d}/__1_" in k)
     boto3.client("s3").delete_object(Bucket=bucket, Key=shard)
-    p = raydl(tmp_path, "-q", "train", "--resume", str(run_dir), *sets(*common, "train.max_steps=220"))
+    p = raydl(tmp_path, "-q", "train", "--resume", str(run_dir), *sets(*common, f"train.max_steps={STEPS + 20}"))
     assert p.returncode == 0, p.stderr[-4000:]
     resumed = json.loads(p.stdout)
-    assert "step_00000200 is not usable" in p.stderr and "falling back to" in p.stderr, p.stderr[-4000:]
-    assert resumed["steps"] == 220
+    assert f"step_{STEPS:08d} is not usable" in p.stderr and "falling back to" in p.stderr, p.stderr[-4000:]
+    assert resumed["steps"] == STEPS + 20
     first = json.loads((Path(resumed["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
-    assert 190 < first["step"] <= 200              # trained on from step 190, the newest intact checkpoint
+    assert STEPS - 10 < first["step"] <= STEPS     # trained on from step STEPS - 10, the newest intact checkpoint
 
     model = f"{s3_bucket}/export/model"
     p = raydl(tmp_path, "export", resumed["run_dir"], "--format", "pt2", "--out", model)
@@ -95,7 +98,7 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
     p = raydl(tmp_path, "export", resumed["run_dir"], "--format", "pt2", "--out", model)
     assert p.returncode == 2 and "already exists" in p.stderr            # never over what is there
     p = raydl(tmp_path, "report", resumed["run_dir"])
-    assert p.returncode == 0 and "220" in p.stdout, p.stderr[-4000:]
+    assert p.returncode == 0 and str(STEPS + 20) in p.stdout, p.stderr[-4000:]
     assert not list(tmp_path.rglob("s3:"))
 
 
