@@ -36,6 +36,7 @@ def test_an_upload_cut_off_falls_back_to_the_previous_checkpoint(s3_bucket, tmp_
         ckpt.resolve_resume(f"{runs}/step_00000020")
 
 
+@pytest.mark.slow   # moto's S3 server, a process
 def test_a_checkpoint_uri_loads_the_weights_it_holds(s3_bucket, tmp_path):
     saved = save_step(tmp_path, 10)
     uri = f"{s3_bucket}/ckpt/step_00000010"
@@ -50,6 +51,7 @@ def test_a_checkpoint_uri_loads_the_weights_it_holds(s3_bucket, tmp_path):
         torch.testing.assert_close(tensor, expected[name])
 
 
+@pytest.mark.slow   # moto's S3 server, a process
 def test_resume_from_a_missing_checkpoint_uri_is_one_paragraph(s3_bucket):
     with pytest.raises(CheckpointError, match="--resume path 's3://.*/nothing' does not exist"):
         ckpt.resolve_resume(f"{s3_bucket}/nothing")

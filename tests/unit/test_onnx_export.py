@@ -13,6 +13,10 @@ from raydl.cli import main
 from tests.unit.test_export import assert_refused, save_run, token_batch
 from tests.unit.test_model_spec_errors import models_dir  # noqa: F401   (a fixture: mymodels/net.py in the cwd)
 
+# torch.onnx.export takes 5-10 s per model here, and the first `raydl export --format onnx` of a process imports
+# torch.onnx's exporter (~10 s), even where it then refuses: the whole file is the slow part's.
+pytestmark = pytest.mark.slow
+
 NO_EXAMPLE = ("import dataclasses\nfrom mymodels.net import plain\n"
               "spec = dataclasses.replace(plain, name='own_noexample', example_inputs=None)\n")
 
@@ -25,7 +29,6 @@ def batches(name: str, meta: dict) -> list[torch.Tensor]:
     return [torch.rand(rows, *meta["image_shape"], generator=generator) for rows in (5, 1)]
 
 
-@pytest.mark.slow   # torch.onnx.export takes 5-10 s per model here
 @pytest.mark.parametrize("name", ["gpt", "resnet", "mymodels.net:plain"])
 def test_onnx_export_runs_in_onnxruntime_with_raydls_outputs(name, models_dir, data_cache):
     import onnx
@@ -48,7 +51,6 @@ def test_onnx_export_runs_in_onnxruntime_with_raydls_outputs(name, models_dir, d
     assert not list(models_dir.glob(".onnx.partial-*"))
 
 
-@pytest.mark.slow   # imports torch.onnx's exporter first (~10 s here)
 def test_a_model_without_example_inputs_is_refused(models_dir, data_cache, capsys):
     (models_dir / "mymodels" / "noexample.py").write_text(NO_EXAMPLE)
     save_run(models_dir / "run", ["model.name=mymodels.noexample:spec", f"data.cache_dir={data_cache}"])
