@@ -13,7 +13,7 @@ run trains `RouteToFile` takes both places, and puts Ray's function back after t
 
 A line that raydl's logger wrote in a worker or actor ("[raydl] ...") is shown on the console as raydl's
 own, without Ray's prefix; every other line is appended to the log file with Ray's prefix and no colour.
-What a user needs of them is raydl's line (the metrics sink's "worker group failed: worker 1 ... died",
+What a user needs of them is raydl's line (the metrics sink's "a worker failed: rank 1 ... died",
 "logging to MLflow run ..."). With -v Ray prints as it does.
 """
 
@@ -56,12 +56,15 @@ def ray_prefix(data: dict[str, Any]) -> str:
 
 
 def _printed_lines(data: dict[str, Any]) -> list[str]:
-    """The lines Ray would print of a batch: of the autoscaler's log, only its events (Ray's own filter)."""
-    if data.get("pid") != "autoscaler":
-        return data.get("lines", [])
+    """The lines Ray would print of a batch: of the autoscaler's log, only its events (Ray's own filter); not
+    the state of a worker's progress bar (ray.experimental.tqdm_ray), which Ray draws rather than prints."""
     from ray._private.worker import filter_autoscaler_events
+    from ray.experimental.tqdm_ray import RAY_TQDM_MAGIC
 
-    return list(filter_autoscaler_events(data.get("lines", [])))
+    lines = data.get("lines", [])
+    if data.get("pid") == "autoscaler":
+        lines = filter_autoscaler_events(lines)
+    return [line for line in lines if RAY_TQDM_MAGIC not in line]
 
 
 class RouteToFile:

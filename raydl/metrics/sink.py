@@ -52,7 +52,7 @@ class MetricsSink:
         if self.unseen_error and self.unseen_error[1] in ranks:
             self.unseen_error = None
         if announce and not self.writer.preempted:
-            self.say(f"worker group failed: {cause}")
+            self.say(f"a worker failed: {cause}")
         self.writer.note_failure(cause)
 
     def note_worker_error(self, rank: int, error: Exception, traceback: str) -> None:

@@ -45,7 +45,7 @@ def test_raydl_train_logs_to_mlflow_and_wandb(ray_session, mlflow_server, tiny_o
     # One voice on the console: the failure is raydl's line; Ray's lines about it (the worker's traceback) and
     # MLflow's and W&B's own lines are not there, Ray's are in the run's ray.log.
     assert not not_raydls(err) and not not_raydls(out), "\n".join(not_raydls(err) + not_raydls(out))
-    assert "[raydl] worker group failed: rank " in err and ": injected failure at step 15" in err, err
+    assert "[raydl] a worker failed: rank " in err and ": injected failure at step 15" in err, err
     assert "injected failure at step 15" in (run_dir / "ray.log").read_text()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -48,6 +48,7 @@ def test_ray_lines_go_to_the_file_and_raydl_lines_to_the_console(tmp_path, defau
     route({"pid": 42, "actor_name": "TrainController", "is_err": True,
            "lines": ["Graceful shutdown of backend failed.", "[raydl] warning: slow disk", "Traceback (most recent"]})
     route({"pid": "raylet", "is_err": False, "lines": [DIED]})
+    route({"pid": 43, "is_err": False, "lines": ['{"__ray_tqdm_magic_token__": true, "x": 1}']})   # a bar's state
     assert capsys.readouterr().err == "[raydl] warning: slow disk\n"
     assert (tmp_path / "ray.log").read_text().splitlines() == [
         "(TrainController pid=42) Graceful shutdown of backend failed.", "(TrainController pid=42) Traceback (most recent",
