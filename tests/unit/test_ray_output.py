@@ -96,3 +96,20 @@ def test_verbose_leaves_rays_printing_alone(tmp_path, forwarding):
             assert printers() == rays
     finally:
         raydl_log.configure(previous)
+
+
+def test_a_dead_worker_is_named_by_rank_pid_and_node_before_the_errors_it_caused():
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from raydl.driver.callbacks import dead_worker, failure_cause
+
+    died = RayActorError(error_msg="The actor died unexpectedly before finishing this task.\n\tpid: 4242\n\t"
+                                   "ip: 10.0.0.5\nThe actor is dead because its worker process has died. Worker exit "
+                                   "type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection "
+                                   "error code 2. End of file.")
+    wrapped = WorkerHealthCheckFailedError("health check failed", died)
+    assert dead_worker(wrapped) is died and dead_worker(RuntimeError("gloo: connection reset")) is None
+    assert failure_cause(1, wrapped) == ("rank 1 (pid 4242) on node 10.0.0.5 died (its process ended without a "
+                                         "Python error: a signal such as SIGKILL, the OOM killer, or a crash)")
+    assert failure_cause(0, RuntimeError("gloo: connection reset\nmore")) == "rank 0: RuntimeError: gloo: connection reset"
