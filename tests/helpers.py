@@ -8,6 +8,7 @@ raydl.bench.fault_cluster.poll and raydl.bench.procs.kill.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,3 +69,19 @@ def stop_processes(pids: list[int], grace_s: float = 15) -> None:
     except TimeoutError:
         for pid in pids:
             kill(pid, signal.SIGKILL)
+
+
+RAYDL_LINE = re.compile(r"(\[raydl\] |raydl: error: |raydl: interrupted$)")
+
+
+def not_raydls(console: str) -> list[str]:
+    """The lines of a console (stderr, or stdout and stderr as a terminal interleaves them) that raydl did not
+    write: anything but its logger's lines, its error paragraph and the summary JSON; and any line with a colour
+    code, Ray's "(... pid=...)" prefix or a traceback (issue 35: one voice on the console)."""
+    lines = console.splitlines()
+    if "{" in lines and "}" in lines[lines.index("{"):]:   # the summary JSON (stdout)
+        start = lines.index("{")
+        end = lines.index("}", start)
+        lines = lines[:start] + lines[end + 1:]
+    return [line for line in lines if line.strip() and (not RAYDL_LINE.match(line) or "\x1b[" in line
+                                                        or "pid=" in line or "Traceback" in line)]

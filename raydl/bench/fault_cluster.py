@@ -181,6 +181,7 @@ def driver(argv: list[str]) -> int:
     import ray
 
     from raydl.driver.ray_trainer import ray_env, run_training
+    from raydl.log import ray_log_level
     from raydl.overrides import load_config
 
     address, summary_path, extra, sets = argv[0], argv[1], json.loads(argv[2]), argv[3:]
@@ -188,7 +189,8 @@ def driver(argv: list[str]) -> int:
     cfg = load_config(None, sets)
     env = {**ray_env(cfg), **extra}
     os.environ.update(env)
-    ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+    # As raydl's own connect to a cluster does (raydl.driver.ray_trainer.connect): Ray's INFO lines only with -v.
+    ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True, logging_level=ray_log_level())
     summary = run_training(cfg, address=address)
     Path(summary_path).write_text(json.dumps(summary, indent=1))
     return 0

@@ -16,6 +16,7 @@ from raydl import log as raydl_log
 from raydl import storage
 from raydl.config import JobConfig
 from raydl.driver.cluster_watch import ClusterWatch, cluster_lost_message
+from raydl.driver.ray_output import RAY_LOG, route_to
 from raydl.driver.prepare import (PreparedRun, checkpoint_storage, prepare_run,
                                   remove_if_never_started)
 from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
@@ -53,16 +54,20 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
 PRIVATE_RAY_ENV = "RAYDL_PRIVATE_RAY"
 
 
-def connect(address: str | None, env: dict[str, str]) -> None:
+def connect(address: str | None, env: dict[str, str]) -> bool:
+    """Join the cluster at `address`, or start a private local Ray; True if this call started the connection
+    (False: the caller had called ray.init)."""
     import ray
 
     os.environ.update(env)   # Train V2 hands these from the driver to the controller and workers
     if ray.is_initialized():
-        return
+        return False
     runtime_env = {"env_vars": env}
     if address:
         try:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+            # Ray's INFO lines ("Connecting to existing Ray cluster at address ...") only with -v.
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True,
+                     logging_level=raydl_log.ray_log_level())
         except (ConnectionError, RuntimeError) as e:
             raise ConfigError("--address", f"{address} names no Ray cluster this process can join ({one_line(e)})",
                               "check that the cluster is up (`ray status` on its head), the host and GCS port "
@@ -84,6 +89,7 @@ def connect(address: str | None, env: dict[str, str]) -> None:
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(address="local", runtime_env=runtime_env, include_dashboard=False,
                  logging_level=raydl_log.ray_log_level())
+    return True
 
 
 def workers_that_fit(per_worker: dict[str, float], nodes: list[dict[str, float]]) -> int:
@@ -258,11 +264,16 @@ def startup_section(run: PreparedRun, marks: startup.Marks) -> dict[str, Any]:
 
 
 def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
+    """Ray's own console lines go to the run's ray.log meanwhile (raydl.driver.ray_output)."""
+    with route_to(run.run_dir / RAY_LOG, keep_after=connect(address, ray_env(run.cfg))):
+        return fit_connected(run, address, marks)
+
+
+def fit_connected(run: PreparedRun, address: str | None, marks: startup.Marks):
     from ray.exceptions import RayActorError, RaySystemError
 
     from raydl.metrics.sink import WORKERS_LOG
 
-    connect(address, ray_env(run.cfg))
     marks.mark("ray_connected")
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
     check_shared_checkpoints(run.cfg)

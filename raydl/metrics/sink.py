@@ -45,10 +45,14 @@ class MetricsSink:
         time, where turning it into a dict first took half a millisecond per report."""
         self.writer.write(report, world_size=world_size)
 
-    def note_failure(self, cause: str, ranks: list[int]) -> None:
-        """From Ray Train's controller: the worker group failed, with errors from `ranks`."""
+    def note_failure(self, cause: str, ranks: list[int], announce: bool = True) -> None:
+        """From Ray Train's controller: the worker group failed, with errors from `ranks`. `announce`: say so on
+        the console (a raydl error has its own paragraph); Ray's lines about it are in the run's ray.log
+        (raydl.driver.ray_output)."""
         if self.unseen_error and self.unseen_error[1] in ranks:
             self.unseen_error = None
+        if announce and not self.writer.preempted:
+            self.say(f"a worker failed: {cause}")
         self.writer.note_failure(cause)
 
     def note_worker_error(self, rank: int, error: Exception, traceback: str) -> None:

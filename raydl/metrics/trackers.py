@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from raydl import log as raydl_log
 from raydl.config import JobConfig
 from raydl.errors import ConfigError
 from raydl.metrics.tensorboard import layout_text, restart_text, scalars
@@ -115,6 +116,21 @@ def report_png(run_dir: Path) -> Path | None:
         return None
 
 
+def run_where(uri: str, experiment_id: str, run_id: str) -> str:
+    """Where to see an MLflow run: its page, as MLflow prints it ("View run ... at: URL"), for a tracking server;
+    the store's URI for a local store (no UI of its own)."""
+    if urllib.parse.urlsplit(uri).scheme in ("http", "https"):
+        return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return uri
+
+
+def quiet_mlflow_urls() -> None:
+    """MLflow prints "🏃 View run ... at: URL" and "🧪 View experiment ..." to stdout when a run on a tracking
+    server ends; raydl says where the run is in its own line instead (with -v MLflow's lines show too)."""
+    if raydl_log.current_verbosity() < raydl_log.VERBOSE:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
 def tags_of(restarts: list[dict[str, Any]], layouts: list[dict[str, Any]]) -> dict[str, str]:
     """Restarts and layout changes (resizes among them) as tags: raydl.restart.N, raydl.layout.N, and counts."""
     tags = {f"raydl.restart.{i}": restart_text(r) for i, r in enumerate(restarts, 1)}
@@ -142,11 +158,13 @@ class MlflowTracker:
         if found:   # a resumed run or a trial's next attempt: the same MLflow run, its params already logged
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
-            self.where = f"MLflow run {self.run_id} (continued) at {settings['tracking_uri']}"
+            self.where = (f"MLflow run {self.run_id} (continued): "
+                          f"{run_where(settings['tracking_uri'], self.util.experiment_id, self.run_id)}")
             return
         tags = {RUN_KEY_TAG: key, **({"mlflow.parentRunId": job["parent"]["mlflow"]} if "mlflow" in job["parent"] else {})}
         self.run_id = self.util.start_run(run_name=job["run_name"], tags=tags).info.run_id
-        self.where = f"MLflow run {self.run_id} in experiment {settings.get('experiment', 'raydl')} at {settings['tracking_uri']}"
+        self.where = (f"MLflow run {self.run_id} in experiment {settings.get('experiment', 'raydl')}: "
+                      f"{run_where(settings['tracking_uri'], self.util.experiment_id, self.run_id)}")
         params = [Param(k, str(v)[:6000]) for k, v in flat_config(run_dir).items()]
         for i in range(0, len(params), 100):   # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
@@ -276,9 +294,12 @@ class SweepRuns:
             return
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=cfg.telemetry.mlflow["tracking_uri"])
+        uri = cfg.telemetry.mlflow["tracking_uri"]
+        client = MlflowClient(tracking_uri=uri)
         for path in files:
             if path.exists():
                 client.log_artifact(run_id, str(path))
         client.set_tag(run_id, "raydl.best_trial", best or "none")
+        quiet_mlflow_urls()
         client.set_terminated(run_id, status="FINISHED", end_time=int(time.time() * 1000))
+        log.info(f"the sweep's MLflow run: {run_where(uri, client.get_run(run_id).info.experiment_id, run_id)}")

@@ -62,10 +62,15 @@ class MetricsWriter:
         """The run ended without its final report (an error, a lost cluster): its tracker runs are marked failed."""
         self.trackers = send(self.trackers, "fail")
 
+    @property
+    def preempted(self) -> bool:
+        """The group ended at a drain notice: whatever errors its end raises, the restart is a preemption's."""
+        return (self.pending_cause or "").startswith("preemption")
+
     def note_failure(self, cause: str) -> None:
         """A worker group failed (told by Ray Train's controller): the cause of the restart that follows.
         A group that ended at a drain notice ended by preemption, whatever errors its end raised."""
-        if not (self.pending_cause or "").startswith("preemption"):
+        if not self.preempted:
             self.pending_cause = cause
 
     def write(self, report: WorkerReport, *, world_size: int, checkpoint: str | None = None) -> None:

@@ -5,8 +5,9 @@ function", ray.train.v2._internal.util) on the worker's "ray.train" logger, whos
 forwards to the driver: 30 lines once per worker in front of raydl's own one-paragraph error. Here every
 ERROR record of that logger is written to <run_dir>/workers.log by the run's metrics sink (on the driver's
 node, where the run directory is), and waited for, so the file is complete before the error reaches Train's
-controller. The console still gets the record unless it is about a RaydlError (whose paragraph the driver
-prints, naming the file) and the verbosity is below -v; or unless the sink could not take it.
+controller. Ray's console handler still gets the record unless it is about a RaydlError (whose paragraph the
+driver prints, naming the file) and the verbosity is below -v; or unless the sink could not take it. What that
+handler writes, Ray forwards to the driver, which puts it in the run's ray.log below -v (raydl.driver.ray_output).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     tensorboard.require_installed(spec.base_config())
     trackers.require_installed(spec.base_config())
     prepare_data(spec, model)
-    connect(address, ray_env(spec.base_config()))
+    started_ray = connect(address, ray_env(spec.base_config()))
     import ray
 
     require_price(spec, gpu=use_gpu(spec.base_config()))
@@ -182,7 +182,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
                                                              **{f"space.{k}": v for k, v in spec.to_dict()["space"].items()}})
     log.info(f"sweep directory: {sweep_dir}{f', kept in {mirror}' if mirror else ''} ({num_trials(spec)} trials, "
              f"{concurrency} at a time)")
-    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model))
+    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model), started_ray)
 
 
 def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=None) -> dict[str, Any]:
@@ -201,11 +201,11 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=Non
         raise ConfigError("--resume", f"'{given}' is not a sweep directory (needs {SWEEP_FILE} and {TUNE_DIR}/)",
                           "pass the directory that `raydl sweep` printed as 'sweep directory', or the bucket "
                           "location it printed after 'kept in'")
-    connect(address, ray_env(spec.base_config()))
+    started_ray = connect(address, ray_env(spec.base_config()))
     log.info(f"resuming sweep {sweep_dir}")
     tuner = tune.Tuner.restore(experiment, trainable=_trainable(spec, sweep_dir, mirror, model),
                                resume_unfinished=True, resume_errored=False)
-    return _finish(spec, sweep_dir, mirror, tuner)
+    return _finish(spec, sweep_dir, mirror, tuner, started_ray)
 
 
 def _from_bucket(mirror: str) -> tuple[Path, str]:
@@ -259,13 +259,17 @@ def _verbose() -> bool:
     return raydl_log.current_verbosity() >= raydl_log.VERBOSE
 
 
-def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner) -> dict[str, Any]:
+def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner, started_ray: bool) -> dict[str, Any]:
+    """Run the trials; Ray's own console lines go to <sweep_dir>/ray.log meanwhile (raydl.driver.ray_output).
+    started_ray: connect started this process's Ray, whose lines stay routed there until the process exits."""
     from ray.exceptions import RayActorError, RaySystemError
+
+    from raydl.driver.ray_output import RAY_LOG, route_to
 
     t0 = time.time()
     note_start(sweep_dir)
     try:
-        with _tune_env():
+        with _tune_env(), route_to(sweep_dir / RAY_LOG, keep_after=started_ray):
             grid = tuner.fit()
     except (RayActorError, RaySystemError, ConnectionError) as e:   # Tune's own actors are gone with the cluster
         raise ClusterLost(f"the Ray cluster of sweep {sweep_dir} went away ({one_line(e)[:300]}). Finished trials and "

@@ -34,6 +34,7 @@ from raydl.train import checkpoint as ckpt
 from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
 from raydl.bench.procs import kill
 from raydl.data.ledger_read import attempts, committed_ids, epoch_ids, read_ledger
+from tests.helpers import not_raydls
 from tests.ray.fault_harness import checkpoints, ledger, ledger_run, open_files, preempted_checkpoints, reference_run
 
 pytestmark = pytest.mark.slow
@@ -169,6 +170,11 @@ def test_worker_killed_three_times_mid_epoch(cluster, run_on, reference, data_ca
     summary = run.finish()
 
     assert summary["world_sizes"] == [2] and len(summary["restarts"]) == 3, summary["restarts"]
+    # The driver's console (--address, a Ray the caller started): raydl's lines only, one per death.
+    console = run.log.read_text()
+    assert not not_raydls(console), "\n".join(not_raydls(console))
+    assert console.count("[raydl] a worker failed: rank ") >= 3 and " died (" in console, console
+    assert (run.run_dir / "ray.log").read_text().count("A worker died or was killed") >= 3
     for r in summary["restarts"]:
         assert r["cause"].startswith("rank ") and r["resumed_at_step"] % EVERY == 0, r
         assert 0 <= r["steps_redone"] <= EVERY, r

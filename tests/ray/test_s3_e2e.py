@@ -17,6 +17,7 @@ import pytest
 
 from raydl.bench.fault_cluster import train_workers
 from raydl.bench.procs import kill
+from tests.helpers import not_raydls
 from raydl.data.prepare import prepare
 from raydl.data.ledger_read import committed_ids, epoch_ids
 from tests.unit.test_data_loader import make_dataset
@@ -72,6 +73,8 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
     assert summary["steps"] == STEPS and len(summary["restarts"]) >= 1, summary["restarts"]
     assert summary["checkpoint"].startswith("s3://") and summary["checkpoint"].endswith(f"step_{STEPS:08d}"), summary
     run_dir = Path(summary["run_dir"])
+    assert not not_raydls(err), "\n".join(not_raydls(err))   # Ray's lines about the death: in ray.log
+    assert "A worker died or was killed" in (run_dir / "ray.log").read_text()
     name = f"{run_dir.name}-{(run_dir / 'run_id').read_text().strip()}"
     keys = objects(f"{ckpts}/{name}/")
     assert any(k.endswith(f"step_{STEPS:08d}/raydl_state.json") for k in keys), keys

@@ -1,6 +1,6 @@
 """stdout carries only the result: `raydl -q train` of a user model that prints when it is built (in the
 driver, and in every Ray worker, whose lines Ray forwards to the driver) prints the summary JSON alone on
-stdout; the model's lines go to stderr. (A worker SIGKILLed mid-run, whose death Ray reports on the
+stdout; the driver's print goes to stderr, the workers' to the run's ray.log (raydl.driver.ray_output). (A worker SIGKILLed mid-run, whose death Ray reports on the
 driver's console: tests/ray/test_s3_e2e.py, which json.loads stdout too.) Also: a private single-node
 Ray takes the default, local checkpoint storage (raydl refuses it only on clusters of several nodes)."""
 
@@ -33,4 +33,6 @@ def test_a_model_that_prints_leaves_stdout_to_the_summary(data_cache, tmp_path):
     summary = json.loads(p.stdout)
     assert summary["steps"] == 20 and Path(summary["checkpoint"]).is_dir()
     built = [line for line in p.stderr.splitlines() if "[mymodels.net] Net built" in line]
-    assert any("RayTrainWorker" in line for line in built) and any("pid=" not in line for line in built), built
+    assert built and all("pid=" not in line for line in built), built   # the driver's own print
+    ray_log = (Path(summary["run_dir"]) / "ray.log").read_text()     # the workers' prints: off the console
+    assert "(RayTrainWorker pid=" in ray_log and "[mymodels.net] Net built" in ray_log, ray_log[-4000:]

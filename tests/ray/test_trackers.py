@@ -12,6 +12,7 @@ import pytest
 from raydl.cli import main
 from raydl.tune.space import parse_sweep
 from raydl.tune.sweep import run_sweep
+from tests.helpers import not_raydls
 from tests.mlflow_server import MlflowServer
 from tests.wandb_offline import offline_run
 
@@ -39,8 +40,13 @@ def test_raydl_train_logs_to_mlflow_and_wandb(ray_session, mlflow_server, tiny_o
             "telemetry.mlflow.experiment=train", "telemetry.wandb.project=raydl-test", "telemetry.wandb.mode=offline",
             f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15"]
     assert main(["train", *(arg for s in sets for arg in ("--set", s))]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     [run_dir] = (tmp_path / "runs").iterdir()
+    # One voice on the console: the failure is raydl's line; Ray's lines about it (the worker's traceback) and
+    # MLflow's and W&B's own lines are not there, Ray's are in the run's ray.log.
+    assert not not_raydls(err) and not not_raydls(out), "\n".join(not_raydls(err) + not_raydls(out))
+    assert "[raydl] a worker failed: rank " in err and ": injected failure at step 15" in err, err
+    assert "injected failure at step 15" in (run_dir / "ray.log").read_text()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
     [run] = runs_of(mlflow_server.uri, "train")
@@ -66,8 +72,10 @@ def test_a_sweep_logs_a_parent_run_and_a_child_per_trial(ray_session, mlflow_ser
                           "wandb": {"project": "raydl-test", "mode": "offline"}},
             "checkpoint": {"every_steps": 10}}
     result = run_sweep(parse_sweep({"base": base, "space": {"train.lr": [1e-3, 3e-3]}, "objective": "eval_loss"}))
-    capsys.readouterr()
+    out, err = capsys.readouterr()
     sweep_dir = Path(result["sweep_dir"])
+    assert not not_raydls(err), "\n".join(not_raydls(err))   # stdout: the results table
+    assert "[raydl] the sweep's MLflow run: http://127.0.0.1:" in err, err
 
     runs = runs_of(mlflow_server.uri, "sweep")
     [parent] = [r for r in runs if r.data.tags.get("raydl.kind") == "sweep"]
