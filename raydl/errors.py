@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from raydl import commands
+
 
 def one_line(error: BaseException) -> str:
     """A library's error message on one line (Arrow's and Ray's run over several), for a one-paragraph error."""
@@ -61,7 +63,7 @@ class TrainingDivergedError(RaydlError, FloatingPointError):
         before = (f"the last finite loss was {last_finite[1]:.4f} at step {last_finite[0]}" if last_finite
                   else "no step of this worker group had a finite loss")
         kept = (f"The checkpoint at step {checkpoint_step} is kept: resume from it with "
-                f"`raydl train --resume {run_dir}` after changing the config" if checkpoint_step
+                f"`{commands.resume_run(run_dir)}` after changing the config with --set" if checkpoint_step
                 else "No checkpoint was saved before it")
         tries = [f"lower train.lr (now {lr:.3g} at this step)", "raise train.warmup_steps",
                  f"clip gradients harder with train.grad_clip (now {grad_clip:g})" if grad_clip

@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from raydl import commands
 from raydl import log as raydl_log
 from raydl import storage
 from raydl.config import JobConfig
@@ -234,12 +235,12 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     checkpoint = storage.uri(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
-    summary.update(wall_s=time.time() - t0, checkpoint=checkpoint,
-                   run_dir=str(run.run_dir), **startup_section(run, marks))
+    summary.update(wall_s=time.time() - t0, checkpoint=checkpoint, run_dir=str(run.run_dir),
+                   resumed_from=run.job["resume_from"], **startup_section(run, marks))
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
         log.warning(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
-                    f"raydl train --resume {run.run_dir}")
+                    f"{commands.resume_run(run.run_dir)}")
     return summary
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from raydl import commands
 from raydl import log as raydl_log
 from raydl import storage
 from raydl.metrics import tensorboard, trackers
@@ -270,7 +271,7 @@ def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner) -> dict
     except (RayActorError, RaySystemError, ConnectionError) as e:   # Tune's own actors are gone with the cluster
         raise ClusterLost(f"the Ray cluster of sweep {sweep_dir} went away ({one_line(e)[:300]}). Finished trials and "
                           f"their checkpoints are in {mirror or sweep_dir}. Fix: bring the cluster back and continue "
-                          f"with `raydl sweep --resume {sweep_dir}`.") from None
+                          f"with `{commands.resume_sweep(sweep_dir)}`.") from None
     finally:
         for name in (STARTS_FILE, COMPLETED_FILE) if mirror else ():
             sweep_mirror.push_file(sweep_dir / name, mirror)
@@ -339,7 +340,7 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
     print(table, flush=True)     # the command's result: stdout
     if not_started or any(r["status"] == "unfinished" for r in rows):
         log.warning(f"sweep interrupted ({not_started} trials not started yet); continue it with: "
-                    f"raydl sweep --resume {sweep_dir}")
+                    f"{commands.resume_sweep(sweep_dir)}")
     log.info(f"best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
              f"results in {sweep_dir}")
     summary["table"] = table
