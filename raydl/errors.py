@@ -112,6 +112,13 @@ def out_of_memory(error: BaseException, *, rank: int, during: str, limit_mb: int
         f"predicts each worker's peak (docs/memory.md).")
 
 
+class RunFailed(RaydlError):
+    """The worker group failed more often than scaling.max_failures allows: not bad input, exit 1; the paragraph
+    names the cause and the command that resumes the run from its newest checkpoint."""
+
+    exit_code = 1
+
+
 class ClusterLost(RaydlError):
     """The Ray cluster a run depends on went away mid-run: nothing wrong with the input, exit 1."""
 

@@ -342,7 +342,7 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
         log.warning(f"sweep interrupted ({not_started} trials not started yet); continue it with: "
                     f"{commands.resume_sweep(sweep_dir)}")
     log.info(f"best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
-             f"results in {sweep_dir}")
+             f"results in {sweep_dir}; the report: {commands.report(sweep_dir)}")
     summary["table"] = table
     return summary
 
