@@ -3,8 +3,9 @@
 Each is a shell line that works when pasted as it is (paths quoted by `shlex.join`), and each is run verbatim by
 a test that reads it off the console: resume after Ctrl-C and SIGTERM (tests/ray/test_stop.py), after a lost
 cluster (tests/ray/test_cluster_lost.py), a sweep's resume (tests/ray/test_sweep_resume.py), a job's logs
-(tests/ray/test_jobs_submit.py). A command names only what is still true when it is read: a lost cluster's
---address is not printed (the cluster that was there is gone; a local Ray or the user's new address runs it).
+(tests/ray/test_jobs_submit.py). A command names only what is still true when it is read: the --address of the
+cluster a run or sweep used while that cluster is there, never a lost one's (a local Ray, or the address of the
+cluster once it is back, runs it).
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ def command(*words: str | os.PathLike) -> str:
     return shlex.join([PROGRAM, *map(str, words)])
 
 
-def resume_run(run_dir: str | os.PathLike) -> str:
-    """Continue a run from its newest checkpoint, with its own config (raydl.driver.resume)."""
-    return command("train", "--resume", run_dir)
+def resume_run(run_dir: str | os.PathLike, address: str | None = None) -> str:
+    """Continue a run from its newest checkpoint, with its own config (raydl.driver.resume), on the cluster at
+    `address` (a cluster still there; None: a local Ray)."""
+    return command("train", "--resume", run_dir, *on(address))
 
 
-def resume_sweep(sweep_dir: str | os.PathLike) -> str:
-    return command("sweep", "--resume", sweep_dir)
+def resume_sweep(sweep_dir: str | os.PathLike, address: str | None = None) -> str:
+    return command("sweep", "--resume", sweep_dir, *on(address))
+
+
+def on(address: str | None) -> list[str]:
+    return ["--address", address] if address else []
 
 
 def train_with(config_file: str | os.PathLike) -> str:

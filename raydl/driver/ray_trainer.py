@@ -240,7 +240,7 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
         log.warning(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
-                    f"{commands.resume_run(run.run_dir)}")
+                    f"{commands.resume_run(run.run_dir, address)}")
     else:
         log.info(f"finished at step {summary.get('steps')}; the run's report: {commands.report(run.run_dir)}")
     return summary
@@ -283,7 +283,7 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
         raise ClusterLost(cluster_lost_message(str(run.run_dir), address,
                                                f"Ray Train's controller died ({one_line(e)[:300]})")) from None
     except Exception as e:
-        user_error = raydl_error_in(e) or run_failed(run, e)
+        user_error = raydl_error_in(e) or run_failed(run, e, address)
         if user_error is None:
             raise
         workers_log = run.run_dir / WORKERS_LOG
@@ -291,7 +291,7 @@ def fit(run: PreparedRun, address: str | None, marks: startup.Marks):
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
 
 
-def run_failed(run: PreparedRun, error: Exception) -> RunFailed | None:
+def run_failed(run: PreparedRun, error: Exception, address: str | None) -> RunFailed | None:
     """Ray Train's failure after its retries as one paragraph: the cause, the newest checkpoint and the command that
     resumes from it (the tracebacks are in workers.log)."""
     from ray.train import TrainingFailedError
@@ -304,7 +304,7 @@ def run_failed(run: PreparedRun, error: Exception) -> RunFailed | None:
     failures = sorted(getattr(error, "worker_failures", {}).items())
     where, cause = (f"worker {failures[0][0]}", failures[0][1]) if failures else ("Ray Train's controller", error)
     latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))
-    then = (f"resume from its newest checkpoint, {latest}, with `{commands.resume_run(run.run_dir)}`" if latest
+    then = (f"resume from its newest checkpoint, {latest}, with `{commands.resume_run(run.run_dir, address)}`" if latest
             else "start it again (it saved no checkpoint)")
     return RunFailed(f"the run failed after {run.cfg.scaling.max_failures} restart(s) of its worker group: {where} "
                      f"raised {failure_reason(cause)}. Fix: remove the cause, then {then}.")

@@ -183,7 +183,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
                                                              **{f"space.{k}": v for k, v in spec.to_dict()["space"].items()}})
     log.info(f"sweep directory: {sweep_dir}{f', kept in {mirror}' if mirror else ''} ({num_trials(spec)} trials, "
              f"{concurrency} at a time)")
-    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model))
+    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model), address)
 
 
 def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=None) -> dict[str, Any]:
@@ -206,7 +206,7 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=Non
     log.info(f"resuming sweep {sweep_dir}")
     tuner = tune.Tuner.restore(experiment, trainable=_trainable(spec, sweep_dir, mirror, model),
                                resume_unfinished=True, resume_errored=False)
-    return _finish(spec, sweep_dir, mirror, tuner)
+    return _finish(spec, sweep_dir, mirror, tuner, address)
 
 
 def _from_bucket(mirror: str) -> tuple[Path, str]:
@@ -260,7 +260,7 @@ def _verbose() -> bool:
     return raydl_log.current_verbosity() >= raydl_log.VERBOSE
 
 
-def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner) -> dict[str, Any]:
+def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner, address: str | None) -> dict[str, Any]:
     from ray.exceptions import RayActorError, RaySystemError
 
     t0 = time.time()
@@ -281,7 +281,7 @@ def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner) -> dict
     completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
     starts = read_starts(sweep_dir)
     rows = sorted((trial_row(spec, sweep_dir, r, completed, starts) for r in grid), key=lambda r: r["trial"])
-    summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
+    summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows), address=address)
     try:
         trackers.SweepRuns.finish(spec.base_config(), sweep_dir, summary["best"],
                                   [sweep_dir / name for name in REPORT_FILES])
@@ -321,7 +321,9 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str],
             **report.start_times(starts, trial_id, attempt_records[-1] if attempt_records else [])}
 
 
-def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0) -> dict[str, Any]:
+def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0,
+                 address: str | None = None) -> dict[str, Any]:
+    """`address`: the cluster the sweep ran on, which its resume command names."""
     key, mode = spec.metric
     best = report.best_row(rows, key, mode)
     extra = [k for k in spec.space if k not in ("train.global_batch_size", "train.precision")]
@@ -340,7 +342,7 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
     print(table, flush=True)     # the command's result: stdout
     if not_started or any(r["status"] == "unfinished" for r in rows):
         log.warning(f"sweep interrupted ({not_started} trials not started yet); continue it with: "
-                    f"{commands.resume_sweep(sweep_dir)}")
+                    f"{commands.resume_sweep(sweep_dir, address)}")
     log.info(f"best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
              f"results in {sweep_dir}; the report: {commands.report(sweep_dir)}")
     summary["table"] = table
