@@ -66,7 +66,7 @@ def test_first_signal_checkpoints_and_says_how_to_resume(launcher, sig, data_cac
     argv = ([RAYDL, "train", *args] if launcher == "ray"
             else [sys.executable, "-m", "raydl.worker", *args, "--run-dir", str(tmp_path / "runs" / "tr")])
     proc = start(argv, tmp_path)
-    run_dir = first_record_written(tmp_path / "runs", proc, timeout_s=180)
+    run_dir = first_record_written(tmp_path / "runs", proc, timeout_s=300)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 128 + sig, out[-3000:]
@@ -84,7 +84,7 @@ def resume_as_printed(argv: list[str], run_dir: Path, stopped: dict, cwd: Path) 
     """The printed command continues the run, its model included, in a new run directory; SIGTERM stops it too."""
     assert argv == ["raydl", "train", "--resume", str(run_dir)], argv
     proc = start(argv, cwd)
-    resumed_dir = first_record_written(cwd / "runs", proc, timeout_s=180, besides=run_dir)
+    resumed_dir = first_record_written(cwd / "runs", proc, timeout_s=300, besides=run_dir)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
