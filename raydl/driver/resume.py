@@ -156,10 +156,14 @@ def refusal(record: RunRecord | None, diff: list[tuple[str, Any, Any]], *, check
                 f"it has no run record beside it (config.yaml), so this run's config is --config/--set over the "
                 f"defaults. Fix: resume from the run's directory (or its record in a bucket, LOC/<run>-<id>/run), or "
                 f"pass the run's config with --config RUN_DIR/config.yaml.")
+        if not changed:   # the run's own model fields: its code (or a model spec object) changed since
+            return CheckpointError(f"checkpoint '{checkpoint}' was saved from model {saved_model} but the run's own "
+                                   f"config now builds {built_model} (the model's code changed since). Fix: resume "
+                                   f"with the code the run trained with, or start a new run without --resume.")
         return ConfigError(
-            ", ".join(path for path, _, _ in changed) or "model",
-            f"changes the model: {_changes(changed) or 'the same fields'} build {built_model}, but the checkpoint "
-            f"'{checkpoint}' holds {saved_model}, so this run cannot continue it",
+            ", ".join(path for path, _, _ in changed),
+            f"changes the model: {_changes(changed)} build {built_model}, but the checkpoint '{checkpoint}' holds "
+            f"{saved_model}, so this run cannot continue it",
             "resume with the run's values (drop the --set or --config that changes them), or start a new run "
             "without --resume")
     saved = (record.dataset or {}) if record else {}

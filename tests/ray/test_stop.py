@@ -27,7 +27,11 @@ def first_record_written(run_root: Path, proc: subprocess.Popen, timeout_s: floa
     def written() -> list[Path]:
         return [p.parent for p in run_root.rglob("metrics.jsonl") if p.parent != besides and p.stat().st_size]
 
-    poll(f"a step record under {run_root}", lambda: proc.poll() is not None or written(), timeout_s)
+    try:
+        poll(f"a step record under {run_root}", lambda: proc.poll() is not None or written(), timeout_s)
+    except TimeoutError:
+        proc.kill()   # its private Ray goes with it
+        raise
     assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its first record"
     return written()[0]
 

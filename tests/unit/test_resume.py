@@ -170,3 +170,9 @@ def test_printed_commands_survive_the_shell():
     connection = commands.connection_args("http://127.0.0.1:8265", "tok en", None, False)
     assert shlex.split(commands.job_logs("raysubmit_1", connection))[-4:] == \
         ["--address", "http://127.0.0.1:8265", "--token-file", str(Path("tok en").resolve())]
+
+
+def test_a_model_that_changed_under_the_same_config_is_named_as_such():
+    error = resume.refusal(record(), [("train.lr", 0.1, 0.2)], checkpoint="c", saved_model=FP,
+                           built_model={**FP, "params": 200}, dataset=DATASET)
+    assert isinstance(error, CheckpointError) and "the model's code changed since" in str(error)
