@@ -32,7 +32,8 @@ def first_record_written(run_root: Path, proc: subprocess.Popen, timeout_s: floa
     except TimeoutError:
         proc.kill()   # its private Ray goes with it
         raise
-    assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its first record"
+    assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its first record:\n" \
+        f"{proc.stdout.read()[-3000:]}"
     return written()[0]
 
 
