@@ -108,8 +108,10 @@ def base_tree(record: RunRecord | None) -> dict[str, Any]:
     """The config tree a resumed run starts from: the run's own, with its run directory left to choose anew."""
     if record is None:
         return {}
-    tree = {section: dict(values or {}) for section, values in record.tree.items()}
-    tree.setdefault("run", {})["dir"] = ""   # a new run directory; run.dir set on top still picks one
+    # A section that is not a mapping stays as it is: build_config names it (the file may come from elsewhere).
+    tree = {section: dict(values) if isinstance(values, dict) else values for section, values in record.tree.items()}
+    if isinstance(tree.setdefault("run", {}), dict):
+        tree["run"]["dir"] = ""   # a new run directory; run.dir set on top still picks one
     return tree
 
 
@@ -117,7 +119,7 @@ def flat(config: dict[str, Any]) -> dict[str, Any]:
     """{"section.key": value}, a mapping field's entries one by one ("model.options.width")."""
     out = {}
     for section, values in config.items():
-        for key, value in values.items():
+        for key, value in (values.items() if isinstance(values, dict) else [("", values)]):
             if isinstance(value, dict) and value:
                 out.update({f"{section}.{key}.{entry}": v for entry, v in value.items()})
             else:
