@@ -112,14 +112,14 @@ def test_a_failed_run_resumes_and_reports_as_printed(data_cache, tmp_path):
             "train.max_steps=30", "checkpoint.every_steps=10", "scaling.max_failures=0", f"debug.ledger_dir={ledger}",
             "debug.fail_at_step=15"]
     failed = subprocess.run([RAYDL, "train", *[a for s in sets for a in ("--set", s)]], cwd=tmp_path, env=user_env(),
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=600)
     [paragraph] = [line for line in failed.stderr.splitlines() if line.startswith("raydl: error:")]
     assert failed.returncode == 1 and "the run failed after 0 restart(s)" in paragraph, failed.stderr[-3000:]
     assert "injected failure at step 15" in paragraph and "step_00000010" in paragraph, paragraph
     [run_dir] = (tmp_path / "runs").iterdir()
 
     resumed = subprocess.run(printed(paragraph, "raydl train --resume"), cwd=tmp_path, env=user_env(),
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)
     assert summary["steps"] == 30 and Path(summary["resumed_from"]).name == "step_00000010", summary
