@@ -22,7 +22,6 @@ the defaults, as for a new run; a model it does not match is refused with that s
 from __future__ import annotations
 
 import json
-import logging
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +32,6 @@ import yaml
 from raydl import storage
 from raydl.errors import CheckpointError, ConfigError, RaydlError
 from raydl.metrics.run_mirror import FOLDER as MIRROR_FOLDER
-
-log = logging.getLogger(__name__)
 
 RUN_CONFIG = "config.yaml"
 DATASET_FILE = "dataset.json"   # the dataset a run trained on: its path, manifest digest and tokenizer
