@@ -113,8 +113,10 @@ def test_a_failed_run_resumes_and_reports_as_printed(data_cache, tmp_path):
             "debug.fail_at_step=15"]
     failed = subprocess.run([RAYDL, "train", *[a for s in sets for a in ("--set", s)]], cwd=tmp_path, env=user_env(),
                             capture_output=True, text=True, timeout=600)
-    [paragraph] = [line for line in failed.stderr.splitlines() if line.startswith("raydl: error:")]
-    assert failed.returncode == 1 and "the run failed after 0 restart(s)" in paragraph, failed.stderr[-3000:]
+    paragraphs = [line for line in failed.stderr.splitlines() if line.startswith("raydl: error:")]
+    assert failed.returncode == 1 and len(paragraphs) == 1, failed.stderr[-3000:]
+    paragraph = paragraphs[0]
+    assert "the run failed after 0 restart(s)" in paragraph, paragraph
     assert "injected failure at step 15" in paragraph and "step_00000010" in paragraph, paragraph
     [run_dir] = (tmp_path / "runs").iterdir()
 
