@@ -31,8 +31,12 @@ def train(config: str | Path | Mapping[str, Any] | JobConfig | None = None, *, o
           model: ModelSpec | None = None, address: str | None = None, resume: str | None = None) -> dict[str, Any]:
     """Train as `raydl train` does; returns summary.json's dict with `run_dir` and `checkpoint` (the last one)."""
     from raydl.driver.ray_trainer import run_training
+    from raydl.driver.resume import resumed_tree
 
-    tree = apply_overrides(_config_tree(config), _listed(overrides))
+    tree = _config_tree(config)
+    if resume:   # the run's own config is the base (raydl.driver.resume)
+        tree = resumed_tree(str(resume), tree)
+    tree = apply_overrides(tree, _listed(overrides))
     cfg = build_config(apply_overrides(tree, _model_name(model)))
     return run_training(cfg, address=address, resume=resume, model=model)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from raydl import commands
+
 
 def one_line(error: BaseException) -> str:
     """A library's error message on one line (Arrow's and Ray's run over several), for a one-paragraph error."""
@@ -61,7 +63,7 @@ class TrainingDivergedError(RaydlError, FloatingPointError):
         before = (f"the last finite loss was {last_finite[1]:.4f} at step {last_finite[0]}" if last_finite
                   else "no step of this worker group had a finite loss")
         kept = (f"The checkpoint at step {checkpoint_step} is kept: resume from it with "
-                f"`raydl train --resume {run_dir}` after changing the config" if checkpoint_step
+                f"`{commands.resume_run(run_dir)}` after changing the config with --set" if checkpoint_step
                 else "No checkpoint was saved before it")
         tries = [f"lower train.lr (now {lr:.3g} at this step)", "raise train.warmup_steps",
                  f"clip gradients harder with train.grad_clip (now {grad_clip:g})" if grad_clip
@@ -108,6 +110,13 @@ def out_of_memory(error: BaseException, *, rank: int, during: str, limit_mb: int
         f"parallel.pp_degree splits the layers), train.optimizer_in_backward=true, a smaller train.micro_batch_size "
         f"or model.activation_checkpointing=true, or workers with more memory; the refusal before a run starts "
         f"predicts each worker's peak (docs/memory.md).")
+
+
+class RunFailed(RaydlError):
+    """The worker group failed more often than scaling.max_failures allows: not bad input, exit 1; the paragraph
+    names the cause and the command that resumes the run from its newest checkpoint."""
+
+    exit_code = 1
 
 
 class ClusterLost(RaydlError):

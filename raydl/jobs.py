@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator, TextIO
 from urllib.parse import urlsplit
 
+from raydl import commands
 from raydl.errors import RaydlError
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class Jobs:
     def __init__(self, address: str | None = None, token_file: str | None = None, *,
                  timeout_s: str | float | None = None, insecure: bool = False):
         self.address = resolve_address(address)
+        self.connection = commands.connection_args(self.address, token_file, timeout_s, insecure)   # for the commands it prints
         self.token = find_token(token_file)
         self.timeout_s = http_timeout(timeout_s)
         check_token_transport(self.address, self.token, insecure)
@@ -192,8 +194,8 @@ class Jobs:
                             "is up, and any SSH tunnel or `kubectl port-forward` to it") from None
         except RuntimeError as e:
             if job_id and "status code 404" in str(e):
-                raise JobsError(f"no job '{job_id}' on {self.address}. Fix: `raydl jobs list --address "
-                                f"{self.address}` shows the job ids") from None
+                raise JobsError(f"no job '{job_id}' on {self.address}. Fix: `{commands.jobs_list(self.connection)}` "
+                                "shows the job ids") from None
             if "No available agent" in str(e):
                 raise JobsError(f"the Ray head at {self.address} has no job agent running, so it cannot start jobs. "
                                 "Fix: wait a minute after `ray start`; if it persists, the head's dashboard agent "

@@ -21,7 +21,8 @@ from raydl import log as raydl_log
 from raydl.cli import add_verbosity_args
 from raydl.driver.prepare import prepare_run
 from raydl.errors import RaydlError
-from raydl.overrides import load_config
+from raydl.driver.resume import resumed_tree
+from raydl.overrides import apply_overrides, build_config, read_yaml
 from raydl.telemetry.profiler import print_table
 from raydl.train.loop import train_worker
 
@@ -35,13 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--run-dir", help="Run directory (default runs/<run.name>-torchrun); one holding another "
                    "config is refused.")
-    p.add_argument("--resume", help="Checkpoint to start from when the run directory has none.")
+    p.add_argument("--resume", help="Run directory or checkpoint to start from when the run directory has none; its "
+                   "run's config.yaml is the base that --config and --set change.")
     add_verbosity_args(p, default=None)   # None: RAYDL_VERBOSITY, as a launcher may set it for every rank
     args = p.parse_args(argv)
     raydl_log.configure(args.verbosity)
     rank0 = int(os.environ.get("RANK", 0)) == 0
     try:
-        cfg = load_config(args.config, args.overrides)
+        tree = read_yaml(args.config) if args.config else {}
+        if args.resume:   # the run's own config is the base (raydl.driver.resume)
+            tree = resumed_tree(args.resume, tree)
+        cfg = build_config(apply_overrides(tree, args.overrides))
         run = prepare_run(cfg, resume=args.resume, launcher="torchrun", write=rank0,
                           run_dir=args.run_dir or Path(cfg.run.runs_dir) / f"{cfg.run.name}-torchrun")
         train_worker(run.job)

@@ -18,7 +18,7 @@ import logging
 import time
 from pathlib import Path
 
-from raydl import job_package, jobs
+from raydl import commands, job_package, jobs
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def run(args) -> int:
         say(f"job {job_id} {status}")
         return jobs.exit_code(status)
     status = client.wait(job_id, {"RUNNING"} | jobs.TERMINAL)
-    say(f"job {job_id} {status} after {time.monotonic() - t0:.1f} s; logs: raydl jobs logs {job_id} --follow")
+    say(f"job {job_id} {status} after {time.monotonic() - t0:.1f} s; logs: {commands.job_logs(job_id, client.connection)}")
     return jobs.exit_code(status) if status in {"FAILED", "STOPPED"} else 0
 
 

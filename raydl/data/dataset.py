@@ -50,6 +50,7 @@ class DatasetInfo:
     root: str          # URI or local path
     meta: dict[str, Any]
     splits: dict[str, tuple[Shard, ...]]
+    digest: str = ""   # sha256 of manifest.json (which names every shard's sha256): the dataset's content
 
     def rows(self, split: str) -> int:
         return sum(s.rows for s in self.splits[split])
@@ -232,8 +233,9 @@ def open_dataset(path: str) -> DatasetInfo:
     if kind != pafs.FileType.Directory or fs.get_file_info(manifest_path).type == pafs.FileType.NotFound:
         raise _not_a_dataset(path, fs, root, kind)
     with fs.open_input_stream(manifest_path) as f:
+        text = f.read()
         try:
-            manifest, entries = parse_manifest(json.loads(f.read()), manifest_path)
+            manifest, entries = parse_manifest(json.loads(text), manifest_path)
             splits = {name: tuple(Shard(s["file"], s["rows"], tuple(s["row_groups"]), s.get("sha256"))
                                   for s in shards)
                       for name, shards in entries.items()}
@@ -244,7 +246,7 @@ def open_dataset(path: str) -> DatasetInfo:
                             f"re-create the dataset with `raydl data prepare`.") from None
     if not splits.get("train"):
         raise DataError(f"dataset '{path}' has no rows in its train split. Fix: prepare it again with data in it.")
-    info = DatasetInfo(root=path, meta=manifest, splits=splits)
+    info = DatasetInfo(root=path, meta=manifest, splits=splits, digest=hashlib.sha256(text).hexdigest())
     files = [p for paths in info.shard_paths.values() for p in paths]
     missing = [i.path for i in fs.get_file_info(files) if i.type == pafs.FileType.NotFound]
     if missing:

@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from raydl import commands
+
 POLL_S = 0.1   # a race with the core worker's own exit (see above): a local TCP connect costs ~0.1 ms
 PROBE_TIMEOUT_S = 1.0
 SETTLE_S = 5.0   # after the driver's silent exit, how long its raylet has to stop answering to count as gone
@@ -50,9 +52,10 @@ def cluster_lost_message(run_dir: str, address: str | None, cause: str) -> str:
     where = f"the Ray cluster at {address}" if address else "this process's local Ray"
     latest = ckpt.find_latest(checkpoints_location(run_dir))
     saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was saved in the run directory"
-    resume = f"raydl train --resume {run_dir}" + (f" --address {address}" if address else "")
+    # The address of a cluster that went away is not printed in the command: a new one may answer elsewhere.
+    on = " on a local Ray, or add --address of the cluster once it is back" if address else ""
     return (f"{where} went away during the run: {cause}. {saved.capitalize()}. Fix: bring the cluster back "
-            f"(`ray status` on its head tells) and resume with `{resume}`.")
+            f"(`ray status` on its head tells) and resume with `{commands.resume_run(run_dir)}`{on}.")
 
 
 class ClusterWatch:

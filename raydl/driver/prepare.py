@@ -8,7 +8,10 @@ fails in a second with exit code 2 and nothing written.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
+import posixpath
 import shutil
 import time
 import uuid
@@ -20,7 +23,8 @@ import torch
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
-from raydl.metrics import tensorboard, trackers
+from raydl.driver import resume as resume_record
+from raydl.metrics import run_mirror, tensorboard, trackers
 from raydl.errors import ConfigError
 from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
@@ -35,6 +39,8 @@ from raydl.telemetry.cost import Pricing
 
 
 RUN_ID_FILE = "run_id"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,14 +76,12 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
                  local=not cluster, launcher=launcher)
     # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
     path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
-    resume_from = None
-    if resume:
-        from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
-
-        resume_from = ckpt.resolve_resume(checkpoints_location(resume))
-        ckpt.check_compatible(ckpt.read_state(resume_from), chosen.fingerprint(built), resume_from)
+    dataset = resume_record.dataset_record(data_path, info.digest, info.meta)
+    resume_from = check_resume(resume, cfg, chosen.fingerprint(built), dataset, announce=write) if resume else None
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
     run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
+    if write and not (run_dir / resume_record.DATASET_FILE).exists():
+        (run_dir / resume_record.DATASET_FILE).write_text(json.dumps(dataset))
     local_data = not storage.is_uri(data_path)
     job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
@@ -85,6 +89,25 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     if path:
         job["recovery"] = dataclasses.asdict(path)
     return PreparedRun(cfg, run_dir, job)
+
+
+def check_resume(resume: str, cfg: JobConfig, fingerprint: dict[str, Any], dataset: dict[str, Any], *,
+                 announce: bool) -> Path | str:
+    """The checkpoint to continue from, once this run's model and dataset are known to match it (else the error
+    naming the field that changed); `announce`: log the fields that differ from the run's (one line)."""
+    from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
+
+    resume_from = ckpt.resolve_resume(checkpoints_location(resume))
+    record = resume_record.find_run(resume)
+    diff = resume_record.config_diff(record.tree, cfg.to_dict()) if record else []
+    if announce:
+        log.info(resume_record.diff_line(record, diff) if record else
+                 f"--resume {resume}: no config.yaml of its run found, so the config is --config/--set over the defaults")
+    problem = resume_record.refusal(record, diff, checkpoint=str(resume_from), dataset=dataset, built_model=fingerprint,
+                                    saved_model=ckpt.read_state(resume_from).get("model", {}))
+    if problem:
+        raise problem
+    return resume_from
 
 
 def claim_run_dir(run_dir: Path, cfg: JobConfig, *, reuse_same_config: bool, write: bool) -> str | None:
@@ -116,8 +139,10 @@ def checkpoints_location(path: str) -> str:
     """Where the run directory `path` keeps its checkpoints (storage_path/<run>-<run id> for a Ray Train run with
     checkpoint.storage_path, which may be a URI), or `path` itself (a checkpoint, a URI, a run without one, or
     one whose checkpoints are in it: torchrun and 1-worker sweep trials write them there)."""
+    if storage.is_uri(path):   # a run's record in a bucket (raydl.metrics.run_mirror) is beside its checkpoints
+        return posixpath.dirname(path.rstrip("/")) if posixpath.basename(path.rstrip("/")) == run_mirror.FOLDER else path
     run_dir = Path(path)
-    if storage.is_uri(path) or not (run_dir / "config.yaml").is_file() or any(run_dir.glob("train/step_*")):
+    if not (run_dir / "config.yaml").is_file() or any(run_dir.glob("train/step_*")):
         return path
     from raydl.overrides import load_config
 

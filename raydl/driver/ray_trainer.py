@@ -12,17 +12,18 @@ import os
 import time
 from typing import Any
 
+from raydl import commands
 from raydl import log as raydl_log
 from raydl import storage
 from raydl.config import JobConfig
 from raydl.driver.cluster_watch import ClusterWatch, cluster_lost_message
 from raydl.driver.ray_output import RAY_LOG, route_to
-from raydl.driver.prepare import (PreparedRun, checkpoint_storage, prepare_run,
+from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_location, prepare_run,
                                   remove_if_never_started)
 from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
 from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
-from raydl.errors import ClusterLost, ConfigError, one_line, raydl_error_in
+from raydl.errors import ClusterLost, ConfigError, RunFailed, one_line, raydl_error_in
 from raydl.models.spec import ModelSpec
 from raydl.telemetry import startup
 
@@ -240,12 +241,14 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     summary_path = run.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     checkpoint = storage.uri(result.checkpoint.filesystem, result.checkpoint.path) if result.checkpoint else None
-    summary.update(wall_s=time.time() - t0, checkpoint=checkpoint,
-                   run_dir=str(run.run_dir), **startup_section(run, marks))
+    summary.update(wall_s=time.time() - t0, checkpoint=checkpoint, run_dir=str(run.run_dir),
+                   resumed_from=run.job["resume_from"], **startup_section(run, marks))
     summary_path.write_text(json.dumps(summary, indent=1))
     if summary.get("stopped_by_signal"):
         log.warning(f"stopped at step {summary['steps']} with checkpoint {summary['checkpoint']}; resume with: "
-                    f"raydl train --resume {run.run_dir}")
+                    f"{commands.resume_run(run.run_dir, address)}")
+    else:
+        log.info(f"finished at step {summary.get('steps')}; the run's report: {commands.report(run.run_dir)}")
     return summary
 
 
@@ -291,10 +294,29 @@ def fit_connected(run: PreparedRun, address: str | None, marks: startup.Marks):
         raise ClusterLost(cluster_lost_message(str(run.run_dir), address,
                                                f"Ray Train's controller died ({one_line(e)[:300]})")) from None
     except Exception as e:
-        user_error = raydl_error_in(e)
+        user_error = raydl_error_in(e) or run_failed(run, e, address)
         if user_error is None:
             raise
         workers_log = run.run_dir / WORKERS_LOG
         user_error.log_file = str(workers_log) if workers_log.exists() else None
         raise user_error from None   # bad data or checkpoint found by a worker: exit 2, not a traceback
+
+
+def run_failed(run: PreparedRun, error: Exception, address: str | None) -> RunFailed | None:
+    """Ray Train's failure after its retries as one paragraph: the cause, the newest checkpoint and the command that
+    resumes from it (the tracebacks are in workers.log)."""
+    from ray.train import TrainingFailedError
+
+    from raydl.train import checkpoint as ckpt
+    from raydl.tune.report import failure_reason
+
+    if not isinstance(error, TrainingFailedError):
+        return None
+    failures = sorted(getattr(error, "worker_failures", {}).items())
+    where, cause = (f"worker {failures[0][0]}", failures[0][1]) if failures else ("Ray Train's controller", error)
+    latest = ckpt.find_latest(checkpoints_location(str(run.run_dir)))
+    then = (f"resume from its newest checkpoint, {latest}, with `{commands.resume_run(run.run_dir, address)}`" if latest
+            else "start it again (it saved no checkpoint)")
+    return RunFailed(f"the run failed after {run.cfg.scaling.max_failures} restart(s) of its worker group: {where} "
+                     f"raised {failure_reason(cause)}. Fix: remove the cause, then {then}.")
 

@@ -17,7 +17,8 @@ from raydl import storage
 from raydl.errors import one_line
 
 PUSH_EVERY_S = 30.0
-FILES = ("config.yaml", "run_id", "metrics.jsonl", "summary.json")   # run_id: raydl.driver.prepare.RUN_ID_FILE
+# run_id: raydl.driver.prepare.RUN_ID_FILE; dataset.json: raydl.driver.resume.DATASET_FILE
+FILES = ("config.yaml", "run_id", "dataset.json", "metrics.jsonl", "summary.json")
 FOLDER = "run"
 
 log = logging.getLogger(__name__)

@@ -65,7 +65,11 @@ def load(path: str | Path) -> Source:
 def _run(run_dir: Path, label: str) -> RunCurves:
     records = read_metrics(run_dir)
     summary = read_summary(run_dir)
-    return RunCurves(label, stitch([records]), summary, restart_markers(summary))
+    curves = RunCurves(label, stitch([records]), summary, restart_markers(summary))
+    resumed_from = (summary or {}).get("resumed_from")
+    if isinstance(resumed_from, str):   # a resumed run's own directory holds its steps from there on
+        curves.note = f"resumed from {resumed_from}"
+    return curves
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from raydl import commands
 from raydl.metrics.stopwatch import wall_clock
 from raydl.telemetry.cost import format_usd
 
@@ -233,7 +234,7 @@ def _csv(x: Any) -> Any:
 
 def write_best(best: dict[str, Any], config: dict[str, Any], path: Path, *, objective: str, sweep_dir: Path) -> None:
     header = (f"# Best trial {best['trial']} of the sweep in {sweep_dir} (objective {objective}).\n"
-              f"# Train it: raydl train --config {path.name}\n")
+              f"# Train it: {commands.train_with(path.resolve())}\n")
     path.write_text(header + yaml.safe_dump(config, sort_keys=False))
 
 

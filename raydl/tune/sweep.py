@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from raydl import commands
 from raydl import log as raydl_log
 from raydl import storage
 from raydl.metrics import tensorboard, trackers
@@ -182,7 +183,8 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
                                                              **{f"space.{k}": v for k, v in spec.to_dict()["space"].items()}})
     log.info(f"sweep directory: {sweep_dir}{f', kept in {mirror}' if mirror else ''} ({num_trials(spec)} trials, "
              f"{concurrency} at a time)")
-    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model), started_ray)
+    return _finish(spec, sweep_dir, mirror, _tuner(spec, sweep_dir, mirror, concurrency, model), address=address,
+                   started_ray=started_ray)
 
 
 def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=None) -> dict[str, Any]:
@@ -205,7 +207,7 @@ def resume_sweep(sweep_dir: str | Path, *, address: str | None = None, model=Non
     log.info(f"resuming sweep {sweep_dir}")
     tuner = tune.Tuner.restore(experiment, trainable=_trainable(spec, sweep_dir, mirror, model),
                                resume_unfinished=True, resume_errored=False)
-    return _finish(spec, sweep_dir, mirror, tuner, started_ray)
+    return _finish(spec, sweep_dir, mirror, tuner, address=address, started_ray=started_ray)
 
 
 def _from_bucket(mirror: str) -> tuple[Path, str]:
@@ -259,9 +261,11 @@ def _verbose() -> bool:
     return raydl_log.current_verbosity() >= raydl_log.VERBOSE
 
 
-def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner, started_ray: bool) -> dict[str, Any]:
+def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner, *, address: str | None,
+            started_ray: bool) -> dict[str, Any]:
     """Run the trials; Ray's own console lines go to <sweep_dir>/ray.log meanwhile (raydl.driver.ray_output).
-    started_ray: connect started this process's Ray, whose lines stay routed there until the process exits."""
+    `address`: the cluster the sweep runs on, which its printed commands name. `started_ray`: connect started this
+    process's Ray, whose lines stay routed there until the process exits."""
     from ray.exceptions import RayActorError, RaySystemError
 
     from raydl.driver.ray_output import RAY_LOG, route_to
@@ -274,7 +278,7 @@ def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner, started
     except (RayActorError, RaySystemError, ConnectionError) as e:   # Tune's own actors are gone with the cluster
         raise ClusterLost(f"the Ray cluster of sweep {sweep_dir} went away ({one_line(e)[:300]}). Finished trials and "
                           f"their checkpoints are in {mirror or sweep_dir}. Fix: bring the cluster back and continue "
-                          f"with `raydl sweep --resume {sweep_dir}`.") from None
+                          f"with `{commands.resume_sweep(sweep_dir)}`.") from None
     finally:
         for name in (STARTS_FILE, COMPLETED_FILE) if mirror else ():
             sweep_mirror.push_file(sweep_dir / name, mirror)
@@ -284,7 +288,7 @@ def _finish(spec: SweepSpec, sweep_dir: Path, mirror: str | None, tuner, started
     completed = set(completed_file.read_text().split()) if completed_file.exists() else set()
     starts = read_starts(sweep_dir)
     rows = sorted((trial_row(spec, sweep_dir, r, completed, starts) for r in grid), key=lambda r: r["trial"])
-    summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows))
+    summary = write_report(spec, sweep_dir, rows, not_started=num_trials(spec) - len(rows), address=address)
     try:
         trackers.SweepRuns.finish(spec.base_config(), sweep_dir, summary["best"],
                                   [sweep_dir / name for name in REPORT_FILES])
@@ -324,7 +328,9 @@ def trial_row(spec: SweepSpec, sweep_dir: Path, result, completed: set[str],
             **report.start_times(starts, trial_id, attempt_records[-1] if attempt_records else [])}
 
 
-def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0) -> dict[str, Any]:
+def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *, not_started: int = 0,
+                 address: str | None = None) -> dict[str, Any]:
+    """`address`: the cluster the sweep ran on, which its resume command names."""
     key, mode = spec.metric
     best = report.best_row(rows, key, mode)
     extra = [k for k in spec.space if k not in ("train.global_batch_size", "train.precision")]
@@ -343,9 +349,9 @@ def write_report(spec: SweepSpec, sweep_dir: Path, rows: list[dict[str, Any]], *
     print(table, flush=True)     # the command's result: stdout
     if not_started or any(r["status"] == "unfinished" for r in rows):
         log.warning(f"sweep interrupted ({not_started} trials not started yet); continue it with: "
-                    f"raydl sweep --resume {sweep_dir}")
+                    f"{commands.resume_sweep(sweep_dir, address)}")
     log.info(f"best ({spec.objective}): {best['trial'] if best else 'none (no trial finished with a value)'}; "
-             f"results in {sweep_dir}")
+             f"results in {sweep_dir}; the report: {commands.report(sweep_dir)}")
     summary["table"] = table
     return summary
 

@@ -1,7 +1,9 @@
-"""A run whose Ray cluster goes away says so in one paragraph (which cluster, what was saved, how to resume)."""
+"""A run whose Ray cluster goes away says so in one paragraph (which cluster, what was saved, how to resume), and the
+command it prints resumes the run as printed: on a local Ray, since the cluster's address is gone with it."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 
 from raydl.bench.fault_cluster import poll
 from tests.helpers import stop_processes
+from tests.ray.test_stop import first_record_written, first_step, printed, start
 from tests.ray.ray_head import short_tmp_dir, start_head
 
 
@@ -33,3 +36,13 @@ def test_cluster_shut_down_mid_run_is_one_paragraph(data_cache, tmp_path):
     assert run.returncode == 1 and len(paragraph) == 1, out[-4000:]
     assert f"127.0.0.1:{head.gcs_port}" in paragraph[0] and "step_000000" in paragraph[0]
     assert "--resume" in paragraph[0] and not any("Traceback" in line for line in own), out[-4000:]
+
+    argv = printed(paragraph[0], "raydl train --resume")
+    run_dir = Path(argv[-1])
+    assert argv == ["raydl", "train", "--resume", str(run_dir)], argv   # no --address of the cluster that went away
+    resumed = start(argv, tmp_path)
+    resumed_dir = first_record_written(tmp_path / "runs", resumed, timeout_s=300, besides=run_dir)
+    resumed.send_signal(signal.SIGINT)
+    out, _ = resumed.communicate(timeout=180)
+    assert resumed.returncode == 128 + signal.SIGINT, out[-4000:]
+    assert first_step(resumed_dir) > 10, out[-4000:]   # from the checkpoint the paragraph named, or a later one

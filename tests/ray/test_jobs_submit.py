@@ -16,6 +16,7 @@ import pytest
 from raydl import jobs
 from raydl.cli import main
 from tests.ray.ray_head import VENV_BIN, short_tmp_dir, start_head, stop_head
+from tests.ray.test_stop import printed
 from tests.ray.test_worker_tracebacks import assert_no_traceback
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,9 @@ def test_raydl_submit_trains_and_jobs_cli_follows(head):
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip()
     assert job_id.startswith("raysubmit_") and re.search(rf"job {job_id} (RUNNING|SUCCEEDED) after", sub.stderr)
-    logs = raydl(head, "jobs", "logs", job_id, "--follow", *conn(head))
+    printed_logs = printed(sub.stderr, "raydl jobs logs")   # the command `raydl submit` printed, run as printed
+    assert printed_logs == ["raydl", "jobs", "logs", job_id, "--follow", *conn(head)], printed_logs
+    logs = raydl(head, *printed_logs[1:])
     total_s = time.monotonic() - t0
     assert logs.returncode == 0, logs.stderr[-3000:]
     assert f"job {job_id} SUCCEEDED" in logs.stderr
@@ -131,7 +134,11 @@ def test_wrong_token_exit_2(head, no_local_token, monkeypatch, tmp_path, capsys)
 @pytest.mark.parametrize("action", ["status", "logs", "stop"])
 def test_unknown_job_id_exit_2(head, no_local_token, capsys, action):
     assert main(["jobs", action, "raysubmit_doesnotexist", *conn(head)]) == 2
-    assert f"no job 'raysubmit_doesnotexist' on {head.address}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"no job 'raysubmit_doesnotexist' on {head.address}" in err
+    listing = printed(err, "raydl jobs list")   # the command the error suggests lists the jobs, as printed
+    assert listing == ["raydl", "jobs", "list", *conn(head)], listing
+    assert main(listing[1:]) == 0 and capsys.readouterr().out.startswith("ID")
 
 
 def test_token_sent_even_with_auth_mode_env_on(head, no_local_token, monkeypatch, capsys):

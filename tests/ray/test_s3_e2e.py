@@ -86,7 +86,8 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
     bucket = s3_bucket.removeprefix("s3://")
     shard = next(k for k in keys if f"step_{STEPS:08d}/__1_" in k)
     boto3.client("s3").delete_object(Bucket=bucket, Key=shard)
-    p = raydl(tmp_path, "-q", "train", "--resume", str(run_dir), *sets(*common, f"train.max_steps={STEPS + 20}"))
+    # only what changes: the run's config.yaml (its model, bucket dataset and checkpoint storage) is the base
+    p = raydl(tmp_path, "-q", "train", "--resume", str(run_dir), *sets(f"train.max_steps={STEPS + 20}"))
     assert p.returncode == 0, p.stderr[-4000:]
     resumed = json.loads(p.stdout)
     assert f"step_{STEPS:08d} is not usable" in p.stderr and "falling back to" in p.stderr, p.stderr[-4000:]

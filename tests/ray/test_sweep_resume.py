@@ -1,7 +1,9 @@
-"""Ctrl-C the sweep driver mid-sweep, then `--resume`: finished trials are kept, the interrupted one continues."""
+"""Ctrl-C the sweep driver mid-sweep, then the `raydl sweep --resume` it printed, run as printed: finished trials are
+kept, the interrupted one continues; then the report command it printed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +15,8 @@ import pytest
 import yaml
 
 from raydl.train import checkpoint as ckpt
-from raydl.tune.sweep import TRIALS_DIR, resume_sweep, trial_history
+from raydl.tune.sweep import TRIALS_DIR, trial_history
+from tests.ray.test_stop import printed, user_env
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +62,13 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session
     interrupted_at = max(r["step"] for r in trial_history(second))
     assert interrupted_at < 200
 
-    summary = resume_sweep(next(runs.iterdir()))
+    argv = printed(log.read_text(), "raydl sweep --resume")
+    assert argv == ["raydl", "sweep", "--resume", str(next(runs.iterdir())), "--address", address], argv
+    t0 = time.monotonic()
+    resumed = subprocess.run(argv, env=user_env(), capture_output=True, text=True, timeout=600)
+    resume_s = time.monotonic() - t0
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((next(runs.iterdir()) / "results.json").read_text())
     rows = {r["trial"]: r for r in summary["trials"]}
     assert [r["status"] for r in rows.values()] == ["ok"] * 3, rows
     # the finished trial was not run again: one attempt, same records
@@ -75,4 +84,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session
     assert rows[second.name]["attempts"] == 2 and rows[first.name]["attempts"] == 1
     # start times count from the start that led to each trial's latest attempt: the resumed one's from the resume
     assert all(0 < r["start_s"] < r["first_step_after_sweep_s"] for r in rows.values()), rows
-    assert rows[second.name]["first_step_after_sweep_s"] < summary["fit_s"]
+    assert rows[second.name]["first_step_after_sweep_s"] < resume_s
+    report = subprocess.run(printed(resumed.stderr, "raydl report"), env=user_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0 and (next(runs.iterdir()) / "report.png").is_file(), report.stderr[-3000:]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from raydl import commands
 from raydl.driver.cluster_watch import DONE, SAID
 
 
@@ -28,7 +29,8 @@ def test_a_driver_gone_silently_with_its_raylet_gets_the_one_paragraph(tmp_path,
     child = run_child(tmp_path, dead_port, b"")   # the pipe closed without a word: Ray's _Exit(1)
     said = child.stderr.decode().strip().splitlines()
     assert child.returncode == 0 and len(said) == 1 and said[0].startswith("raydl: error: the Ray cluster at 10.0.0.9")
-    assert f"raydl train --resume {tmp_path} --address 10.0.0.9:6379" in said[0] and "raylet" in said[0]
+    assert f"`{commands.resume_run(tmp_path)}` on a local Ray" in said[0] and "raylet" in said[0]
+    assert "--address 10.0.0.9" not in said[0]   # the cluster that went away is not where to resume
 
 
 @pytest.mark.parametrize("told", [DONE, SAID])
