@@ -1,5 +1,5 @@
 """train.compile=true: a tiny GPT with its blocks compiled by Inductor trains to eager's losses under gloo DDP,
-FSDP2 and a 2-stage pipeline, 5 AdamW steps each.
+FSDP2 (also with the step in backward) and a 2-stage pipeline, 5 AdamW steps each.
 
 One spawned gloo group runs every layout, eager then compiled: the three layouts feed each block micro-batches of
 one shape, so Dynamo compiles the block once for the whole test (its cache lives on the block's code).
@@ -27,6 +27,8 @@ META = {"vocab_size": VOCAB, "seq_len": SEQ}
 # Each rank's micro-batches have 2 rows in every layout: dp=2 with 2 micro-batches, or pp=2 with 4.
 LAYOUTS = {"ddp": ["parallel.dp_wrapper=ddp", "train.micro_batch_size=2"],
            "fsdp": ["parallel.dp_wrapper=fsdp", "train.micro_batch_size=2"],
+           "fsdp-in-backward": ["parallel.dp_wrapper=fsdp", "train.micro_batch_size=2",
+                                "train.optimizer_in_backward=true", "train.grad_clip=0"],
            "pp2": ["parallel.pp_degree=2", "parallel.schedule=1f1b", "parallel.num_microbatches=4",
                    "train.micro_batch_size=2"]}
 
@@ -48,6 +50,8 @@ def _losses(rank: int, world_size: int, layout_sets: list[str], compile_setting:
     session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
     engine = build_engine(model, cfg, chosen.spec, session, META, init)
     optimizer = build_optimizer(engine.parameters(), cfg.train)
+    if cfg.train.optimizer_in_backward:
+        engine.step_in_backward(optimizer)
     dp_rank, rows = engine.layout.coords(rank)[0], ROWS // engine.layout.dp
     losses = []
     batch = _batch()
