@@ -41,7 +41,8 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 def _losses(rank: int, world_size: int, layout_sets: list[str], compile_setting: str) -> tuple[list[float], dict]:
-    """This rank's step losses (mean over the ranks that hold one) and the engine's compile stats."""
+    """The step losses (mean over the ranks that hold one), the engine's compile stats and its model's
+    parameter names (what checkpoints hold)."""
     cfg = load_config(None, ["model.size=tiny", f"train.global_batch_size={ROWS}", "scaling.min_workers=2",
                              "scaling.max_workers=2", "train.warmup_steps=0", "train.lr=0.01", f"train.compile={compile_setting}", *layout_sets])
     chosen = choose_model(cfg.model)
@@ -64,16 +65,18 @@ def _losses(rank: int, world_size: int, layout_sets: list[str], compile_setting:
         loss = torch.tensor([float(stats.loss), float(stats.has_loss)])
         torch.distributed.all_reduce(loss)
         losses.append(float(loss[0] / loss[1]))
-    return losses, engine.compiled.to_dict() if engine.compiled else {}
+    stats = engine.compiled.to_dict() if engine.compiled else {}
+    return losses, {**stats, "names": sorted(engine.model.state_dict())}
 
 
 def _all_layouts(rank: int, world_size: int, out: str) -> None:
     results = {}
     for name, sets in LAYOUTS.items():
         t0 = time.perf_counter()
-        eager, _ = _losses(rank, world_size, sets, "false")
+        eager, eager_stats = _losses(rank, world_size, sets, "false")
         t1 = time.perf_counter()
         compiled, stats = _losses(rank, world_size, sets, "true")
+        assert stats.pop("names") == eager_stats["names"], name   # compiling renames no parameter
         results[name] = {"eager": eager, "compiled": compiled, "stats": stats,
                          "seconds": {"eager": t1 - t0, "compiled": time.perf_counter() - t1}}
     if rank == 0:

@@ -1,4 +1,5 @@
-"""train.compile's policy and what it compiles, without compiling (the compiled runs: tests/dist/test_compile_parity.py);
+"""train.compile's policy and what it compiles, without compiling or importing Dynamo (the compiled runs:
+tests/dist/test_compile_parity.py);
 the step clock's deferred reads; the GPU comparison script's parsers."""
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from raydl.errors import ConfigError
 from raydl.models.gpt import build_gpt
 from raydl.overrides import load_config
 from raydl.parallel import compile as compile_mod
-from raydl.parallel.compile import apply_compile, choose_compile, repeated_blocks
+from raydl.parallel.compile import choose_compile, repeated_blocks
 from raydl.telemetry.step_clock import StepClock
 from raydl.train.engines import apply_activation_checkpointing
 
 
-def test_auto_compiles_on_cuda_only_and_false_never():
+def test_auto_compiles_on_cuda_only_and_false_never(monkeypatch):
+    monkeypatch.setattr(compile_mod, "compiler_missing", lambda device_type: None)   # the real check: tests/dist
     assert not choose_compile("auto", "cpu").enabled
     assert not choose_compile("false", "cuda").enabled
-    assert choose_compile("true", "cpu").enabled   # this machine has a C++ compiler (the dist test compiles)
+    assert choose_compile("true", "cpu").enabled and choose_compile("auto", "cuda").fallback
 
 
 def test_where_it_cannot_compile_true_refuses_and_auto_falls_back_with_a_reason(monkeypatch):
@@ -36,16 +38,11 @@ def test_a_bad_setting_is_refused_by_the_config():
         load_config(None, ["train.compile=yes"])
 
 
-def test_only_the_repeated_blocks_compile_and_names_stay_the_same_through_checkpointing():
+def test_only_the_repeated_blocks_compile_seen_through_activation_checkpointing():
     model = build_gpt("tiny", vocab_size=16, seq_len=8)
-    names = list(model.state_dict())
-    apply_activation_checkpointing(model)
     assert repeated_blocks(model) == ["h0", "h1", "h2", "h3"]   # not the embedding nor the head
-    compiled = apply_compile(model)
-    assert compiled == ["h0", "h1", "h2", "h3"]
-    assert all(hasattr(model.blocks[n].forward, "_torchdynamo_orig_callable") for n in compiled)
-    assert not hasattr(model.blocks["embed"].forward, "_torchdynamo_orig_callable")
-    assert [n.replace("._checkpoint_wrapped_module", "") for n in model.state_dict()] == names
+    apply_activation_checkpointing(model)
+    assert repeated_blocks(model) == ["h0", "h1", "h2", "h3"]
 
 
 def test_the_clock_reads_every_pending_loss_and_grad_norm_at_the_report():
