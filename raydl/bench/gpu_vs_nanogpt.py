@@ -1,4 +1,4 @@
-"""raydl's worker, compiled, beside its plain loop compiled and nanoGPT's train.py compiled, on one GPU (no Ray).
+"""raydl bench gpu_vs_nanogpt: raydl's worker vs its plain loop vs nanoGPT's train.py, all compiled, one GPU.
 
 Three sides train GPT-2 124M's shape (12 x 768, vocabulary 50304) on 16 x 1024 tokens per step in bf16, on the
 same bytes of text, alternating for --repeats rounds: `python -m raydl.worker` (train.compile=true), raydl's
@@ -174,7 +174,7 @@ def ratios(stats: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = harness.parser("gpu-vs-nanogpt", __doc__)
+    p = harness.parser("gpu_vs_nanogpt", __doc__)
     p.set_defaults(repeats=3, out=str(harness.RESULTS / "gpu-vs-nanogpt.json"))
     p.add_argument("--nanogpt", default="", help="Folder with nanoGPT's train.py, model.py, configurator.py "
                    "(empty: no nanoGPT side).")
@@ -189,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="", help="Scratch folder (default: a new temporary one).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = harness.parse_args(p, argv)
-    if args.device == "cuda" and not harness.cuda_here("gpu-vs-nanogpt"):
+    if args.device == "cuda" and not harness.cuda_here("gpu_vs_nanogpt"):
         return 2
-    session = harness.Session("gpu-vs-nanogpt", args)
+    session = harness.Session("gpu_vs_nanogpt", args)
     shape = TINY if args.tiny else GPT2
     work = Path(args.workdir or tempfile.mkdtemp(prefix="raydl-gpu-vs-nanogpt-"))
     work.mkdir(parents=True, exist_ok=True)

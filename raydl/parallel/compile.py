@@ -129,4 +129,5 @@ def _seconds() -> float:
     """Dynamo's and AOTAutograd's compile time so far (forward graphs and their backward), seconds."""
     from torch._dynamo.utils import calculate_time_spent
 
-    return calculate_time_spent()["total_wall_time"]
+    spent = calculate_time_spent()
+    return spent.get("entire_frame_compile", 0.0) + spent.get("entire_backward_compile", 0.0)
