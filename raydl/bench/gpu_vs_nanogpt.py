@@ -12,7 +12,7 @@ nanoGPT is not part of raydl: its train.py, model.py and configurator.py (karpat
 in a folder outside the project that --nanogpt names. On the device machine (no network, no Ray), from the repo
 root, with that folder copied into an ignored `.nanogpt/` (`echo /.nanogpt/ >> .git/info/exclude`; the files:
 `for f in train.py model.py configurator.py; do git -C NANOGPT_MIRROR show 3adf61e:$f > .nanogpt/$f; done`).
-Its parts ran on a CPU (--device cpu --tiny --compile false, 6 steps, 2026-11-27); on a GPU it takes ~6 minutes
+Its parts ran on a CPU (--device cpu --tiny --compile false, 6 steps, 2026-11-27); on a GPU, not yet run, it should take about 6 minutes
 (3 rounds of 80 steps, the first compilations cold, then the profiled run); --no-profile shortens it:
 
     PYTHONUNBUFFERED=1 python3 -m raydl.bench.gpu_vs_nanogpt --nanogpt .nanogpt --out $OUT/gpu-vs-nanogpt.json
