@@ -12,8 +12,8 @@ nanoGPT is not part of raydl: its train.py, model.py and configurator.py (karpat
 in a folder outside the project that --nanogpt names. On the device machine (no network, no Ray), from the repo
 root, with that folder copied into an ignored `.nanogpt/` (`echo /.nanogpt/ >> .git/info/exclude`; the files:
 `for f in train.py model.py configurator.py; do git -C NANOGPT_MIRROR show 3adf61e:$f > .nanogpt/$f; done`).
-Its parts ran on a CPU (--device cpu --tiny --compile false, 6 steps, 2026-11-27); on a GPU, not yet run, it should take about 6 minutes
-(3 rounds of 80 steps, the first compilations cold, then the profiled run); --no-profile shortens it:
+Its parts ran on a CPU (--device cpu --tiny --compile false, 6 steps, 2026-11-27); on a GPU, not yet run, it
+should take about 6 minutes (3 rounds of 80 steps, the first compilations cold, then the profiled run); --no-profile shortens it:
 
     PYTHONUNBUFFERED=1 python3 -m raydl.bench.gpu_vs_nanogpt --nanogpt .nanogpt --out $OUT/gpu-vs-nanogpt.json
     # device tool: run(command=<that>, carry=[".nanogpt"], timeout_s=560)
@@ -97,7 +97,8 @@ def nanogpt_run(args, shape: dict[str, Any], work: Path, bins: Path) -> dict[str
     cpu = args.device == "cpu"
     cmd = [sys.executable, "train.py", "--dataset=raydlbench", f"--batch_size={shape['batch']}",
            f"--block_size={shape['seq']}", "--gradient_accumulation_steps=1", f"--max_iters={args.steps}",
-           f"--lr_decay_iters={args.steps}", f"--warmup_iters={min(10, args.steps // 2)}", "--eval_interval=100000", "--eval_iters=1",
+           f"--lr_decay_iters={args.steps}", f"--warmup_iters={min(10, args.steps // 2)}", "--eval_interval=100000",
+           "--eval_iters=1",
            "--log_interval=1", f"--compile={not cpu and args.compile == 'true'}",
            f"--dtype={'float32' if cpu else 'bfloat16'}", "--bias=True", "--dropout=0.0",
            "--always_save_checkpoint=False", "--out_dir=ngout", f"--device={args.device}",

@@ -3,7 +3,8 @@
 Workers time each step, and the time between steps by what it was spent on (eval, report, checkpoint),
 so that a stopwatch's throughput (samples over elapsed time) and the step rate (samples over a step's own
 time) can both be told from the records. A step's loss and gradient norm stay on the device until the report
-reads every pending step's in one transfer: no step waits for the GPU to finish the one before it. Rank 0 sends them every `telemetry.report_every` steps;
+reads every pending step's in one transfer: no step waits for the GPU to finish the one before it.
+Rank 0 sends them every `telemetry.report_every` steps;
 `raydl.metrics.writer.MetricsWriter` turns them into files.
 """
 

@@ -44,7 +44,8 @@ def _losses(rank: int, world_size: int, layout_sets: list[str], compile_setting:
     """The step losses (mean over the ranks that hold one), the engine's compile stats and its model's
     parameter names (what checkpoints hold)."""
     cfg = load_config(None, ["model.size=tiny", f"train.global_batch_size={ROWS}", "scaling.min_workers=2",
-                             "scaling.max_workers=2", "train.warmup_steps=0", "train.lr=0.01", f"train.compile={compile_setting}", *layout_sets])
+                             "scaling.max_workers=2", "train.warmup_steps=0", "train.lr=0.01",
+                             f"train.compile={compile_setting}", *layout_sets])
     chosen = choose_model(cfg.model)
     torch.manual_seed(0)
     model, init = build_for_worker(chosen, META, cfg)
