@@ -141,6 +141,13 @@ class TrainSection:
                                      "across workers; one worker alone is not wrapped): saves about one copy of "
                                      "the parameters it owns. Needs train.grad_clip=0, parallel.pp_degree=1 "
                                      "and no fp16; full restarts only (no survivors path).")
+    compile: str = _f("auto", "torch.compile each repeated block of the model on its own (torchtitan's per-block "
+                      "compile: one compilation serves every identical block), inside the data-parallel wrapper, "
+                      "after activation checkpointing, in every pipeline stage. auto = on for CUDA workers, off on "
+                      "CPU (Inductor's C++ backend compiles slowly and gains little there), and eager with one "
+                      "log line where this machine cannot compile; true = compile or refuse to start; false = "
+                      "eager. Each new per-rank batch shape compiles once more (summary.json's compile.recompiles).",
+                      choices=("auto", "true", "false"))
     seed: int = _f(0, "Seed for model init, data order and dropout.")
     eval_every: int = _f(0, "Evaluate every N steps (0 = only at the end).")
     eval_batches: int = _f(8, "Micro-batches per evaluation on each worker.")

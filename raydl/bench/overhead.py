@@ -43,9 +43,11 @@ def steady(values: list[float]) -> float:
     return statistics.median(values[len(values) // 5:])
 
 
-def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, float]:
+def plain_loop(cfg, device: torch.device = torch.device("cpu"), *, compile: bool = False) -> dict[str, float]:
     """What a user would write by hand: the dataset as tensors on the device, a model, AdamW, autocast
-    (+ GradScaler for fp16), a for loop. Also the plain side of `raydl bench gpu`."""
+    (+ GradScaler for fp16), a for loop. Also the plain side of `raydl bench gpu`. `compile`: its repeated
+    blocks compiled as raydl compiles them (raydl.parallel.compile); transformers' model, which has no blocks,
+    compiled whole. `first_step_s`: the first step's seconds (the compilation, when compiled)."""
     chosen = choose_model(cfg.model)
     info = chosen.open_dataset(cfg)
     reader = SplitReader(info, "train", seed=0, shuffle=False)
@@ -54,9 +56,13 @@ def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, flo
     torch.manual_seed(cfg.train.seed)
     model, forward = plain_model(chosen, info.meta)
     model.to(device)
+    if compile:
+        compile_plain(model)
     optimizer = build_optimizer(model.parameters(), cfg.train)
     scaler = make_scaler(cfg.train.precision, device)
     gb, rates, ends = cfg.train.global_batch_size, [], []
+    start = max(1, cfg.train.max_steps // 5)   # the steady steps, as raydl's summary counts them
+    reads = {1, start, cfg.train.max_steps}    # steps whose end is a stopwatch reading, beside the reports'
     for step in range(cfg.train.max_steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, cfg.train, cfg.train.max_steps))
@@ -71,16 +77,26 @@ def plain_loop(cfg, device: torch.device = torch.device("cpu")) -> dict[str, flo
         if scaler:
             scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        loss.detach().item()   # the same sync point raydl's step has
+        if (step + 1) % cfg.telemetry.report_every == 0 or step + 1 in reads:
+            loss.detach().item()   # raydl reads its losses at its reports (a CPU-GPU sync point), as here
         ends.append(time.perf_counter())
         rates.append(gb / (ends[-1] - t0))
     row_tokens = inputs.shape[1]
-    start = max(1, len(ends) // 5)   # the steady steps, as raydl's summary counts them, over their elapsed time
     wall = gb * (len(ends) - start) / (ends[-1] - ends[start - 1])
     del model, optimizer, inputs, labels
     if device.type == "cuda":
         torch.cuda.empty_cache()   # raydl's side runs next, in another process on the same GPU
-    return {"samples_per_s": wall, "tokens_per_s": wall * row_tokens, "step_rate": steady(rates)}
+    return {"samples_per_s": wall, "tokens_per_s": wall * row_tokens, "step_rate": steady(rates),
+            "first_step_s": gb / rates[0]}
+
+
+def compile_plain(model: torch.nn.Module) -> None:
+    from raydl.parallel.compile import apply_compile
+
+    if hasattr(model, "blocks"):
+        apply_compile(model)
+    else:
+        model.compile()
 
 
 def plain_model(chosen, meta: dict[str, Any]):

@@ -160,6 +160,7 @@ class MetricsWriter:
             "precision": final.precision,
             "wall_s": final.wall_s,
             "stopped_by_signal": final.stopped_by_signal,
+            "compile": final.compile,
             "checkpoint": self.last_checkpoint,
             **self.cost.summary(),
         }

@@ -77,6 +77,7 @@ class FinalInfo:
     precision: str
     wall_s: float
     stopped_by_signal: int = 0   # SIGINT/SIGTERM that stopped the run early with a checkpoint; 0 = ran to the end
+    compile: dict[str, float] | None = None   # train.compile's seconds and recompiles on rank 0; None when eager
 
 
 @dataclass(kw_only=True)

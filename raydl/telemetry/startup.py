@@ -16,8 +16,9 @@ from typing import Any
 
 DRIVER_MARKS = ("command_start", "prepared", "ray_connected", "fit_called")
 WORKER_MARKS = ("controller_process_start", "worker_process_start", "worker_imports_done", "process_group_ready",
-                "model_built", "data_open", "first_batch", "first_step")
+                "model_built", "data_open", "first_batch", "compiled", "first_step")
 ORDER = DRIVER_MARKS + WORKER_MARKS   # the order they happen in; a phase is named by the mark that ends it
+# `compiled` (train.compile only): the first step's forward and backward, which compile the blocks, are done.
 
 
 def process_start_time(pid: int | str = "self") -> float | None:

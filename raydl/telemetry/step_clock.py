@@ -2,7 +2,9 @@
 
 Workers time each step, and the time between steps by what it was spent on (eval, report, checkpoint),
 so that a stopwatch's throughput (samples over elapsed time) and the step rate (samples over a step's own
-time) can both be told from the records. Rank 0 sends them every `telemetry.report_every` steps;
+time) can both be told from the records. A step's loss and gradient norm stay on the device until the report
+reads every pending step's in one transfer: no step waits for the GPU to finish the one before it.
+Rank 0 sends them every `telemetry.report_every` steps;
 `raydl.metrics.writer.MetricsWriter` turns them into files.
 """
 
@@ -54,7 +56,8 @@ class StepClock:
         """Time between two steps that went to `kind` (report, checkpoint): on the next step's record."""
         self.spent[kind] = self.spent.get(kind, 0.0) + seconds
 
-    def record(self, *, step: int, epoch: int, loss: float, lr: float, grad_norm: float, samples: int,
+    def record(self, *, step: int, epoch: int, loss: torch.Tensor | float, lr: float,
+               grad_norm: torch.Tensor | float, samples: int,
                world_size: int, data_wait_s: float, bad_shards: int, device: torch.device,
                gpu: dict[str, float]) -> StepRecord:
         now = time.perf_counter()
@@ -73,5 +76,18 @@ class StepClock:
         return record
 
     def drain(self) -> list[StepRecord]:
+        """The pending records, their losses and gradient norms read from the device (one CPU-GPU sync)."""
         out, self.pending = self.pending, []
+        values = iter(host_values(*(v for r in out for v in (r.loss, r.grad_norm))))
+        for r in out:
+            r.loss, r.grad_norm = next(values), next(values)
         return out
+
+
+def host_values(*values: torch.Tensor | float) -> list[float]:
+    """Device scalars as floats, in one transfer (one CPU-GPU sync)."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    read = iter(torch.stack([t.detach().float().to(tensors[0].device) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]

@@ -1,7 +1,7 @@
 """An engine = the model laid out over the worker group plus how to run one step on it.
 
 `build_engine` resolves the layout for this world size (`layout_for`), builds the mesh
-and applies the parallelisms in a fixed order: activation checkpointing, pipeline split, then
+and applies the parallelisms in a fixed order: activation checkpointing, per-block compile, pipeline split, then
 data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
 allocates only the tensors it keeps). The loop only talks to an `Engine`.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
@@ -20,6 +21,7 @@ from torch import nn
 from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
+from raydl.parallel.compile import CompileStats, apply_compile, choose_compile
 from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.materialize import MetaInit
 from raydl.parallel.layout import Layout
@@ -34,10 +36,13 @@ from raydl.train.step import StepStats
 
 __all__ = ["Engine", "DataParallelEngine", "PipelineEngine", "build_engine"]
 
+log = logging.getLogger(__name__)
+
 
 class Engine(Protocol):
     layout: Layout
     model: nn.Module          # what checkpoints save and load: parameter names are the same in every layout
+    compiled: CompileStats | None   # its blocks' compilation (train.compile), None when eager
 
     def parameters(self) -> Iterator[nn.Parameter]: ...
 
@@ -198,5 +203,22 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 and not survivors else None
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)
-    engine = PipelineEngine if layout.pp > 1 else DataParallelEngine
-    return engine(model, layout, cfg, spec, session, mesh, init)
+    compiled = compile_blocks(model, cfg.train.compile, session)
+    engine = (PipelineEngine if layout.pp > 1 else DataParallelEngine)(model, layout, cfg, spec, session, mesh, init)
+    engine.compiled = compiled
+    return engine
+
+
+def compile_blocks(model: BlockModel, setting: str, session) -> CompileStats | None:
+    """train.compile's choice applied to `model` (after activation checkpointing, before any wrapper), with one
+    line on rank 0 when it compiles or falls back to eager."""
+    choice = choose_compile(setting, session.device.type)
+    if not choice.enabled:
+        if session.rank == 0 and choice.unavailable:
+            log.warning(choice.why)
+        return None
+    stats = CompileStats()
+    names = apply_compile(model, fallback=choice.fallback)
+    if session.rank == 0:
+        log.info(f"{choice.why} ({len(names)} of {len(model.blocks)} blocks; the first step compiles them)")
+    return stats

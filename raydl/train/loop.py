@@ -54,7 +54,7 @@ from raydl.train.model_build import build_for_worker
 from raydl.train.optim import build_optimizer, lr_at, set_lr
 from raydl.train.precision import make_scaler
 from raydl.train.session import RaySession, TorchrunSession, in_ray
-from raydl.train.step import host_values, optimizer_step
+from raydl.train.step import optimizer_step
 from raydl.train.survivors import Survivors
 
 NO_SURVIVORS = {"survivors": False, "why": "not started by raydl's Ray driver"}
@@ -229,7 +229,8 @@ def train_worker(job: dict[str, Any], session=None) -> dict[str, Any]:
             state, stopped_by = fit(w, state)
             final = FinalInfo(samples=state.samples, steps=state.step, eval={} if stopped_by else evaluate(w),
                               precision=w.cfg.train.precision, wall_s=time.time() - t_start,
-                              stopped_by_signal=stopped_by)
+                              stopped_by_signal=stopped_by,
+                              compile=w.engine.compiled.to_dict() if w.engine.compiled else None)
         w.memory.mark("end")
         w.session.report(WorkerReport(records=[], layout=w.engine.layout.to_dict(), total_steps=w.total_steps,
                                       step=state.step, final=final))
@@ -281,17 +282,19 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
         set_lr(w.optimizer, lr)
         with phase("forward_backward"):
             stats = w.engine.forward_backward(batch.tensors, scaler=w.scaler)
+        if w.engine.compiled and w.engine.compiled.first_step_pending:
+            w.marks.mark("compiled")   # the first forward and backward compiled the blocks
+            w.engine.compiled.first_step_done()
         if w.survivors and (stats := w.survivors.average(stats)) is None:
             continue   # a peer failed during the step: discarded, its rows taken again after the next quorum
         with phase("optimizer"):
             grad_norm = optimizer_step(w.optimizer, w.scaler, clip=w.engine.clip(cfg.train.grad_clip))
-        loss, grad_norm = host_values(stats.loss, grad_norm)   # the step's one CPU-GPU sync
         state = TrainerState(state.step + 1, state.samples + layout.global_batch, batch.position)
         if w.keeper:
             w.keeper.after_step(state.to_dict(), w.engine.model, w.optimizer, w.scaler)
         if w.survivors:
             w.survivors.committed(state.to_dict())
-        record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=loss, lr=lr,
+        record = w.clock.record(step=state.step, epoch=batch.position.epoch, loss=stats.loss, lr=lr,
                                 grad_norm=grad_norm, samples=layout.global_batch,
                                 world_size=w.engine.layout.world_size if w.survivors else w.session.world_size,
                                 data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,

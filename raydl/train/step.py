@@ -20,20 +20,11 @@ from raydl.train.precision import autocast
 
 @dataclass
 class StepStats:
-    # Mean training loss over this rank's micro-batches (last stage with PP), still on the device: the loop
-    # reads it with the grad norm after the optimizer step, one host sync per step, so that the GPU has the
-    # optimizer's kernels queued instead of idling while Python launches them.
+    # Mean training loss over this rank's micro-batches (last stage with PP), still on the device: the step
+    # clock reads it with the grad norm at the next report (raydl.telemetry.step_clock), so that no step waits
+    # for the GPU and the next step's kernels queue behind this one's optimizer.
     loss: torch.Tensor | float
     has_loss: bool = True  # False on pipeline stages that never see the loss
-
-
-def host_values(*values: torch.Tensor | float) -> list[float]:
-    """Device scalars as floats, in one transfer (one CPU-GPU sync)."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if not tensors:
-        return [float(v) for v in values]
-    read = iter(torch.stack([t.detach().float().to(tensors[0].device) for t in tensors]).tolist())
-    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def micro_batches(tensors: dict[str, torch.Tensor], num: int) -> list[dict[str, torch.Tensor]]:

@@ -151,7 +151,7 @@ class Survivors:
             return None
         for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p.grad))
-        return replace(stats, loss=flat[-1])
+        return replace(stats, loss=flat[-1].clone())   # a view would keep the gradients' copy until the report
 
     def committed(self, state: dict[str, Any]) -> None:
         """The step is done: `state` is what a newcomer copies from now on."""

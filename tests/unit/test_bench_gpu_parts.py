@@ -10,7 +10,7 @@ import torch
 
 from raydl.bench.gpu import main, plain_loop, worker_result
 from raydl.overrides import load_config
-from raydl.train.step import host_values
+from raydl.telemetry.step_clock import host_values
 
 
 def test_the_plain_loop_trains_the_configured_model_and_reports_tokens_per_second():
