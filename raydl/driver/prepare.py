@@ -20,6 +20,7 @@ import torch
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
+from raydl.driver import init_from
 from raydl.metrics import tensorboard, trackers
 from raydl.errors import ConfigError
 from raydl.models.build import SkipWeightInit
@@ -59,6 +60,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     if cfg.checkpoint.storage_path:   # a bucket that is missing or refuses us fails here, not at the first upload
         storage.check(cfg.checkpoint.storage_path, "checkpoint.storage_path")
     Pricing.for_config(cfg)     # a cost.instance_type missing from the price table fails here, not mid-run
+    cfg = init_from.as_hf_weights(cfg, model.name if model else cfg.model.name)
     chosen = choose_model(cfg.model, model)
     info = chosen.open_dataset(cfg)
     data_path = info.root
@@ -70,6 +72,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
                  local=not cluster, launcher=launcher)
     # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
     path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
+    init_checkpoint = init_from.resolve(cfg, built, info.meta)
     resume_from = None
     if resume:
         from raydl.train import checkpoint as ckpt   # only here: it imports torch.distributed.checkpoint (~1 s)
@@ -81,7 +84,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     local_data = not storage.is_uri(data_path)
     job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
-           "model": model, "import_dir": chosen.import_dir}
+           "init_from": init_checkpoint, "model": model, "import_dir": chosen.import_dir}
     if path:
         job["recovery"] = dataclasses.asdict(path)
     return PreparedRun(cfg, run_dir, job)

@@ -95,6 +95,10 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint, held: Gr
     with session.latest_checkpoint() as path:
         path = path or job.get("resume_from")
         if not path:
+            if job.get("init_from"):   # a new run from trained weights: step 0, its own data and optimizer
+                ckpt.load_weights(job["init_from"], engine.model)
+                if session.rank == 0:
+                    session.announce(f"initialised the weights from {job['init_from']} (train.init_from)")
             return TrainerState()
         saved = ckpt.load(path, engine.model, optimizer, fingerprint)
     if scaler and saved.get("scaler"):
