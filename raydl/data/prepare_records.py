@@ -98,10 +98,10 @@ class RecordEncoder:
         if self.fmt.format == "text":
             return self._plain([], _text(record, self.fmt.text_field, where), where, self.fmt.text_field)
         if self.fmt.format == "prompt-response":
-            prompt = _prompt(record, self.fmt.prompt_field, where)
-            name, response = _response(record, self.fmt.response_field, where)
+            prompt = prompt_of(record, self.fmt.prompt_field, where)
+            name, response = response_of(record, self.fmt.response_field, where)
             return self._plain(self._ids(prompt), response, where, name)
-        return self._chat(_messages(record, self.fmt.messages_field, where), where)
+        return self._chat(messages_of(record, self.fmt.messages_field, where), where)
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"] if text else []
@@ -178,7 +178,7 @@ def _text(record: dict, name: str, where: str) -> str:
     return _string(_field(record, (name,), where, "text", "--column")[1], name, where)
 
 
-def _prompt(record: dict, name: str, where: str) -> str:
+def prompt_of(record: dict, name: str, where: str) -> str:
     if name:
         return _string(_field(record, (name,), where, "prompt", "--prompt-field")[1], name, where)
     if "prompt" in record:
@@ -189,13 +189,13 @@ def _prompt(record: dict, name: str, where: str) -> str:
     return f"{text}\n\n{extra}" if extra else text
 
 
-def _response(record: dict, name: str, where: str) -> tuple[str, str]:
+def response_of(record: dict, name: str, where: str) -> tuple[str, str]:
     found, value = _field(record, (name,) if name else ("response", "completion", "output"), where, "response",
                           "--response-field")
     return found, _string(value, found, where)
 
 
-def _messages(record: dict, name: str, where: str) -> list[dict]:
+def messages_of(record: dict, name: str, where: str) -> list[dict]:
     found, value = _field(record, (name,) if name else ("messages", "conversations"), where, "messages",
                           "--messages-field")
     if not isinstance(value, list) or not value:

@@ -324,7 +324,11 @@ def evaluate(w: Worker) -> dict[str, float]:
     dp_rank, dp_size = (0, 1) if w.survivors else (w.dp_rank, layout.dp)
     batches = eval_batches(w.info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=dp_size,
                            max_batches=w.cfg.train.eval_batches, max_bad_shards=data.max_bad_shards)
-    return w.engine.evaluate(batches, precision=w.cfg.train.precision)
+    result = w.engine.evaluate(batches, precision=w.cfg.train.precision)
+    # The loss is the cross-entropy of the target tokens alone (labels -100 are no targets): its exp is their
+    # perplexity, what a fine-tuning run's answers are judged by.
+    result["perplexity"] = math.exp(min(result["loss"], 700.0)) if result.get("batches") else None
+    return result
 
 
 def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
