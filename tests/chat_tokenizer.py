@@ -2,11 +2,12 @@
 
     make_tokenizer_dir(path)                   tokenizer.json + tokenizer_config.json (ChatML template)
     make_tokenizer_dir(path, template=None)    the same without a chat template
+    python -m tests.chat_tokenizer DIR         from the shell (docs/finetune.md)
 
 A byte-level BPE trained on a little text by `tokenizers`, with the special tokens a chat model has:
 <|endoftext|> (pad, and the document separator of `raydl data prepare --from text`), <|im_start|> and
 <|im_end|> (the end-of-turn token, which is also eos, as in Qwen2's instruct tokenizers). Used by the tests
-and by the fine-tuning demonstration (raydl/bench/finetune_demo.py).
+and by docs/finetune.md.
 """
 
 from __future__ import annotations
@@ -42,3 +43,9 @@ def make_tokenizer_dir(path: str | Path, *, texts: Iterable[str] = (SAMPLE_TEXT,
         config["chat_template"] = template
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(make_tokenizer_dir(sys.argv[1]))

@@ -104,7 +104,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append("  sample (first train row):")
     lines.extend(f"    {k}: {v}" for k, v in r["sample"].items())
     if "tokens" in r:
-        lines.append("  tokens of the first train row (input -> the label it learns to predict; - = not learnt):")
+        lines.append("  tokens of the first train row: position, id, token, and the label it learns to predict (- = none):")
         lines.extend(f"    {t['position']:5d} {t['id']:7d} {t['token']:<20} -> "
                      + ("-" if t["label"] is None else f"{t['label']} {t['label_token']}") for t in r["tokens"])
     return "\n".join(lines)
