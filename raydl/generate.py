@@ -70,16 +70,19 @@ class Generator:
         return Answer(self.tokenizer.decode(out), len(out), False)
 
 
-def load_generator(source: str, *, config: str | None = None, template: str = "auto") -> Generator:
-    """A run directory or checkpoint (rebuilt from its config) or a Hugging Face export directory."""
+def load_generator(source: str, *, config: str | None = None, template: str = "auto",
+                   tokenizer: str | None = None) -> Generator:
+    """A run directory or checkpoint (rebuilt from its config) or a Hugging Face export directory. `tokenizer`: a
+    tokenizer directory to encode with instead of the run's (the same vocabulary; e.g. a pre-trained run scored
+    with the chat template its fine-tuning will use)."""
     from raydl.driver.init_from import is_hf_dir
 
     if is_hf_dir(source):
-        return _from_export(Path(source), template)
-    return _from_run(source, config, template)
+        return _from_export(Path(source), template, tokenizer)
+    return _from_run(source, config, template, tokenizer)
 
 
-def _from_run(source: str, config: str | None, template: str) -> Generator:
+def _from_run(source: str, config: str | None, template: str, tokenizer_dir: str | None) -> Generator:
     from raydl.export.trained import find_trained
 
     trained = find_trained(source, config=config)
@@ -87,10 +90,19 @@ def _from_run(source: str, config: str | None, template: str) -> Generator:
         warnings.simplefilter("ignore")     # the untie warning: the run printed it
         model = trained.load_into(trained.build())
     meta = trained.meta
-    tokenizer = _dataset_tokenizer(trained.data)
+    if tokenizer_dir:
+        from raydl.data.hf_tokenizer import load_tokenizer_dir
+
+        tokenizer = load_tokenizer_dir(tokenizer_dir)
+        end = tokenizer.eos_token_id
+        if len(tokenizer) != meta["vocab_size"]:
+            raise ConfigError("--tokenizer", f"'{tokenizer_dir}' has {len(tokenizer)} tokens, the run's dataset "
+                              f"{meta['vocab_size']}", "pass the tokenizer the run's data was prepared with")
+    else:
+        tokenizer, end = _dataset_tokenizer(trained.data), meta.get("eos")
     records = meta.get("records") or {}
     chat = _use_chat(template, records.get("format") == "chat", tokenizer, source)
-    return Generator(lambda ids: model(ids), tokenizer, chat, meta.get("eos", tokenizer.eos_token_id),
+    return Generator(lambda ids: model(ids), tokenizer, chat, end if end is not None else tokenizer.eos_token_id,
                      max_positions=meta["seq_len"])
 
 
@@ -114,7 +126,7 @@ def _dataset_tokenizer(data):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN)
 
 
-def _from_export(folder: Path, template: str) -> Generator:
+def _from_export(folder: Path, template: str, tokenizer_dir: str | None) -> Generator:
     from raydl.data.hf_tokenizer import load_tokenizer_dir
     from raydl.models.hf.classes import CLASSES, transformers_module
     from raydl.models.hf.config import read_config_dir
@@ -123,7 +135,7 @@ def _from_export(folder: Path, template: str) -> Generator:
     transformers_module().utils.logging.disable_progress_bar()
     model_class = getattr(transformers_module(), CLASSES[config.model_type][1])
     model = model_class.from_pretrained(folder, config=config, local_files_only=True, use_safetensors=True).eval()
-    tokenizer = load_tokenizer_dir(folder, "raydl generate")
+    tokenizer = load_tokenizer_dir(tokenizer_dir or folder, "--tokenizer" if tokenizer_dir else "raydl generate")
     chat = _use_chat(template, tokenizer.chat_template is not None, tokenizer, str(folder))
     return Generator(lambda ids: model(ids, use_cache=False).logits, tokenizer, chat, tokenizer.eos_token_id,
                      max_positions=config.max_position_embeddings)

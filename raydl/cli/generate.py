@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--template", choices=("auto", "chat", "none"), default="auto", help="Render prompts with the "
                    "tokenizer's chat template: auto (default) = when the run's data was chat records, or for an "
                    "export when its tokenizer has one.")
+    p.add_argument("--tokenizer", metavar="DIR", help="Encode with this tokenizer directory (tokenizer.json + "
+                   "tokenizer_config.json, of the same vocabulary) instead of the run's or export's: e.g. a run "
+                   "pre-trained on text, scored with the chat template its fine-tuning uses (--template chat).")
     p.add_argument("--config", help="The run's config.yaml, when the checkpoint is not inside its run directory.")
     p.add_argument("--json", action="store_true", help="Print JSON.")
     p.set_defaults(func=run)
@@ -36,7 +39,7 @@ def run(args) -> int:
     if args.temperature < 0 or args.max_new_tokens <= 0:
         raise ConfigError("--temperature" if args.temperature < 0 else "--max-new-tokens",
                           "must be >= 0 (temperature) and > 0 (max new tokens)", "pass a value in range")
-    generator = load_generator(args.source, config=args.config, template=args.template)
+    generator = load_generator(args.source, config=args.config, template=args.template, tokenizer=args.tokenizer)
     if args.eval:
         result = exact_match(generator, args.eval, max_new_tokens=args.max_new_tokens, limit=args.limit)
         print(json.dumps(result, indent=1) if args.json else
