@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from raydl.cli import main as cli
 from raydl.data.dataset import open_dataset
@@ -183,3 +184,39 @@ def test_a_padded_hf_vocabulary_is_accepted_and_another_refused(tmp_path, tok_di
     Config.vocab_size = 300
     with pytest.raises(ConfigError, match="vocabulary of 300"):
         _check_dataset_agrees(Config, {"vocab_size": 388, "seq_len": 64, "tokenizer": "hf"}, "weights")
+
+
+def scripted(tok, answer: str):
+    """Logits that say `answer` and then the end-of-turn token, whatever the prompt: drives the decoding loop."""
+    script = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    state = {"prompt": None}
+
+    def logits(ids):
+        if state["prompt"] is None:
+            state["prompt"] = ids.shape[1]
+        out = torch.zeros(1, ids.shape[1], len(tok))
+        out[0, -1, script[min(ids.shape[1] - state["prompt"], len(script) - 1)]] = 1.0
+        return out
+    return logits
+
+
+def test_generation_encodes_the_prompt_as_training_did_and_stops_at_the_end_of_turn(tmp_path, tok_dir):
+    from raydl.generate import Generator, exact_match
+
+    tok = load_tokenizer_dir(tok_dir)
+    root, _ = prep(tmp_path, tok_dir, [CHAT] * 17, train_on="last")
+    row = rows(root)[0]
+    def generator():    # a fresh script per answer
+        return Generator(scripted(tok, "seven"), tok, chat=True, end=tok.eos_token_id, max_positions=64)
+
+    prompt = generator().encode(CHAT["messages"][:4])
+    assert row["input_ids"][:len(prompt)] == prompt and row["labels"][len(prompt) - 1] != -100
+    answer = generator().answer(CHAT["messages"][:4])
+    assert (answer.text, answer.ended) == ("seven", True)
+    assert not generator().answer("hi", max_new_tokens=1).ended     # cut by the limit, not ended
+    write_jsonl(tmp_path / "held.jsonl", [CHAT])
+    assert exact_match(generator(), str(tmp_path / "held.jsonl"), max_new_tokens=8)["exact_match"] == 1.0
+    write_jsonl(tmp_path / "held.jsonl", [{**CHAT, "messages": CHAT["messages"][:4] + [
+        {"role": "assistant", "content": "eight"}]}])
+    scored = exact_match(generator(), str(tmp_path / "held.jsonl"), max_new_tokens=8)
+    assert (scored["records"], scored["exact_match"], scored["ended_with_end_token"]) == (1, 0.0, 1.0)
