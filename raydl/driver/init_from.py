@@ -16,9 +16,11 @@ raydl.train.checkpoint.load_weights.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from raydl import storage
 from raydl.config import JobConfig
 from raydl.errors import ConfigError
 
@@ -59,24 +61,36 @@ def resolve(cfg: JobConfig, model, meta: dict[str, Any]) -> str | None:
     from raydl.train import checkpoint as ckpt
     from raydl.train import safe_dcp
 
-    if not Path(path).expanduser().exists():
+    uri = storage.is_uri(path)
+    if not uri and not Path(path).expanduser().exists():
         raise ConfigError(FIELD, f"is '{path}', which does not exist", "pass a raydl run directory, one of its "
                           "checkpoints (train/step_N) or a Hugging Face save_pretrained directory")
     try:
-        found = ckpt.resolve_resume(checkpoints_location(str(Path(path).expanduser())))
+        found = ckpt.resolve_resume(checkpoints_location(path if uri else str(Path(path).expanduser())))
     except CheckpointError as e:
         raise ConfigError(FIELD, f"is '{path}', which holds no usable raydl checkpoint ({e})",
                           "pass a run directory that saved a checkpoint, a checkpoint directory, or a Hugging Face "
                           "save_pretrained directory (config.json + model.safetensors)") from None
     try:
-        saved = {key[len("model."):]: tuple(entry.size) for key, entry in
-                 safe_dcp.read_metadata(found).state_dict_metadata.items()
+        saved = {key[len("model."):]: tuple(entry.size) for key, entry in _metadata(str(found)).state_dict_metadata.items()
                  if key.startswith("model.") and hasattr(entry, "size")}
     except safe_dcp.UnsafeCheckpoint as e:
         raise ConfigError(FIELD, f"names checkpoint '{found}', which is not usable ({e})",
                           "pass a checkpoint you trust") from None
     check_fits(saved, {name: tuple(t.shape) for name, t in model.state_dict().items()}, str(found), meta)
     return str(found)
+
+
+def _metadata(checkpoint: str):
+    """The checkpoint's DCP metadata (in a bucket: its .metadata file alone is fetched), read without running code."""
+    from raydl.train import safe_dcp
+
+    if not storage.is_uri(checkpoint):
+        return safe_dcp.read_metadata(checkpoint)
+    fs, inside = storage.resolve(checkpoint, FIELD)
+    with tempfile.TemporaryDirectory() as local:
+        (Path(local) / safe_dcp.METADATA_FILE).write_bytes(storage.read_bytes(fs, f"{inside}/{safe_dcp.METADATA_FILE}"))
+        return safe_dcp.read_metadata(local)
 
 
 def check_fits(saved: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]], where: str,
