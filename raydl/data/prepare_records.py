@@ -86,6 +86,12 @@ class RecordEncoder:
 
     def __init__(self, tokenizer, fmt: RecordFormat, where: str):
         self.tok, self.fmt, self.eot = tokenizer, fmt, tokenizer.eos_token_id
+        if fmt.format == "chat":
+            try:
+                import jinja2  # noqa: F401  transformers renders chat templates with it, an optional dependency of its own
+            except ImportError:
+                raise DataError("--format chat renders the tokenizer's chat template with jinja2, which is not "
+                                "installed. Fix: pip install \"raydl[hf]\".") from None
         if fmt.format == "chat" and not tokenizer.chat_template:
             raise DataError(f"--format chat needs a chat template, and tokenizer '{where}' has none (no "
                             f"chat_template in its tokenizer_config.json or chat_template.jinja). Fix: use the "
