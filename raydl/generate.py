@@ -152,7 +152,7 @@ def exact_match(generator: Generator, path: str, *, max_new_tokens: int, limit: 
     """Greedy answers to held-out records (prompt-response or chat, the last assistant turn being the expected
     answer) against their expected text, compared with surrounding whitespace stripped."""
 
-    matched = ended = total = 0
+    matched = ended = total = too_long = 0
     examples = []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -166,8 +166,11 @@ def exact_match(generator: Generator, path: str, *, max_new_tokens: int, limit: 
             except ValueError as e:
                 raise DataError(f"{where} is not valid JSON ({e}). Fix: repair or remove that line.") from None
             prompt, expected = _prompt_and_answer(record, where)
-            answer = generator.answer(prompt, max_new_tokens=max_new_tokens)
             total += 1
+            if len(generator.encode(prompt)) >= generator.max_positions:
+                too_long += 1      # no room to answer: a miss
+                continue
+            answer = generator.answer(prompt, max_new_tokens=max_new_tokens)
             matched += answer.text.strip() == expected.strip()
             ended += answer.ended
             if len(examples) < 3:
@@ -175,7 +178,7 @@ def exact_match(generator: Generator, path: str, *, max_new_tokens: int, limit: 
     if not total:
         raise DataError(f"'{path}' holds no records. Fix: pass a JSON-lines file of held-out records.")
     return {"records": total, "exact_match": matched / total, "ended_with_end_token": ended / total,
-            "examples": examples}
+            "prompts_too_long": too_long, "examples": examples}
 
 
 def _prompt_and_answer(record: Any, where: str) -> tuple[str | list[dict], str]:
