@@ -151,6 +151,12 @@ class TrainSection:
     seed: int = _f(0, "Seed for model init, data order and dropout.")
     eval_every: int = _f(0, "Evaluate every N steps (0 = only at the end).")
     eval_batches: int = _f(8, "Micro-batches per evaluation on each worker.")
+    init_from: str = _f("", "Start this new run from trained weights only: a raydl run directory (its newest usable "
+                        "checkpoint), one of its checkpoints (train/step_N), or a Hugging Face save_pretrained "
+                        "directory (model.name=hf; as model.options.weights). No optimizer state, no data position: "
+                        "step 0 on this run's dataset, at any layout. The model this config builds must fit the "
+                        "weights, and its vocabulary the dataset's tokenizer (both checked before any worker starts). "
+                        "Not a resume (--resume continues a run).")
 
 
 @dataclass(kw_only=True)

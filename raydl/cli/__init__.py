@@ -19,7 +19,8 @@ from raydl import log
 from raydl.cli import output
 from raydl.errors import RaydlError
 
-COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "report", "profile")
+COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "generate", "report",
+            "profile")
 # Commands that run Ray or the user's model code, whose stdout is their result alone (raydl.cli.output).
 RESULT_COMMANDS = ("train", "plan")
 

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
 from raydl.data.dataset import DatasetInfo, open_dataset
-from raydl.data.tokenizer import decoder
+from raydl.data.tokenizer import decoder, token_names
 from raydl.errors import DataError, one_line
 
 
-def inspect(path: str, *, verify: bool = False) -> dict[str, Any]:
+def inspect(path: str, *, verify: bool = False, tokens: int = 0) -> dict[str, Any]:
     info = open_dataset(path)
     fs, _ = info.filesystem()
     meta = {k: v for k, v in info.meta.items() if k not in ("schema", "splits")}
@@ -26,7 +26,22 @@ def inspect(path: str, *, verify: bool = False) -> dict[str, Any]:
               "sample": sample_row(info)}
     if verify:
         report["verified_shards"] = verify_checksums(info)
+    if tokens:
+        report["tokens"] = token_view(info, tokens)
     return report
+
+
+def token_view(info: DatasetInfo, n: int) -> list[dict[str, Any]]:
+    """The first `n` positions of the first train row: the input token and the label it is trained to predict
+    (None where the label is -100: nothing learnt there)."""
+    row = first_row(info)
+    if "input_ids" not in row or "labels" not in row:
+        raise DataError(f"dataset '{info.root}' has no input_ids and labels columns, so it has no tokens to show. "
+                        f"Fix: drop --tokens (it is for token datasets).")
+    name = token_names(info)
+    return [{"position": i, "id": t, "token": name(t), "label": None if label < 0 else label,
+             "label_token": None if label < 0 else name(label)}
+            for i, (t, label) in enumerate(zip(row["input_ids"][:n], row["labels"][:n]))]
 
 
 def first_row(info: DatasetInfo) -> dict[str, Any]:
@@ -88,4 +103,8 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"  checksums: {r['verified_shards']} shard(s) match manifest.json")
     lines.append("  sample (first train row):")
     lines.extend(f"    {k}: {v}" for k, v in r["sample"].items())
+    if "tokens" in r:
+        lines.append("  tokens of the first train row: position, id, token, and the label it learns to predict (- = none):")
+        lines.extend(f"    {t['position']:5d} {t['id']:7d} {t['token']:<20} -> "
+                     + ("-" if t["label"] is None else f"{t['label']} {t['label_token']}") for t in r["tokens"])
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -37,6 +38,7 @@ from raydl.data.dataset import ShardWriter, publish, read_footer, staging_dir, w
 from raydl.data.input_files import Progress, list_sources, source_root
 from raydl.data.prepare_images import IMAGE_SIZE, image_rows
 from raydl.data.prepare_parquet import infer_meta, parquet_passthrough, parquet_task
+from raydl.data.prepare_records import Counts, RecordEncoder, RecordFormat, record_rows
 from raydl.data.prepare_text import text_pieces, token_rows
 from raydl.errors import DataError
 
@@ -46,9 +48,12 @@ KINDS = ("text", "jsonl", "images", "parquet")
 
 def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: str = "text", seq_len: int = 128,
             tokenizer: str = "bytes", vocab_size: int = 8192, keep_columns: bool = False,
-            progress: bool = True) -> dict:
+            records: RecordFormat | None = None, progress: bool = True) -> dict:
     """Write the dataset; returns its manifest. `keep_columns`: a parquet input is a generic table, every
-    column kept (what any table that is not tokens, images or text becomes anyway)."""
+    column kept (what any table that is not tokens, images or text becomes anyway). `records`: jsonl records,
+    one row each with its loss mask (raydl.data.prepare_records), tokenized by the directory `tokenizer`."""
+    if records is not None:
+        return prepare_records(src, out, records, tokenizer, shard_rows=shard_rows, progress=progress)
     if kind not in KINDS:
         raise DataError(f"--from {kind!r} is not one of {', '.join(KINDS)}. Fix: pick one of them.")
     if shard_rows <= 0 or seq_len <= 0:
@@ -84,6 +89,44 @@ def prepare(kind: str, src: str, out: str, *, shard_rows: int = 2048, column: st
             write_manifest(fs, tmp, meta, splits)
             publish(tmp, target)
     except BaseException:   # a SIGKILL leaves shards without a manifest, which is no dataset
+        storage.remove_dir(fs, tmp)
+        raise
+    finally:
+        bar.close()
+    return json.loads(storage.read_bytes(fs, f"{target}/manifest.json"))
+
+
+def prepare_records(src: str, out: str, fmt: RecordFormat, tokenizer_dir: str, *, shard_rows: int,
+                    progress: bool) -> dict:
+    """`prepare` for --format: one row per jsonl record; the tokenizer directory is checked (and the chat template
+    found) before anything is written, and kept in the dataset for `raydl generate`."""
+    from raydl.data.hf_tokenizer import KEPT, load_tokenizer_dir
+
+    if shard_rows <= 0 or fmt.seq_len <= 0:
+        raise DataError(f"--shard-rows {shard_rows} and --seq-len {fmt.seq_len} must be positive. Fix: use values > 0.")
+    tok = load_tokenizer_dir(tokenizer_dir)
+    encoder = RecordEncoder(tok, fmt, tokenizer_dir)
+    fs, target = storage.check(out, "--out")
+    _check_out(out, fs, target)
+    files = list_sources(src, "jsonl")
+    bar, counts = Progress(len(files), enabled=progress), Counts()
+    tmp = staging_dir(fs, target)
+    try:
+        with writing(out):
+            fs.create_dir(f"{tmp}/tokenizer", recursive=True)
+            for name in KEPT:
+                if (Path(tokenizer_dir) / name).is_file():
+                    storage.write_bytes(fs, f"{tmp}/tokenizer/{name}", (Path(tokenizer_dir) / name).read_bytes())
+        splits, _ = write_rows(fs, tmp, record_rows(files, encoder, fmt, counts, bar), shard_rows, bar, out=out)
+        meta = {"task": "tokens", "seq_len": fmt.seq_len, "vocab_size": len(tok), "eos": tok.eos_token_id,
+                "tokenizer": "hf", "tokenizer_dir": "tokenizer",
+                "records": {"format": fmt.format, "train_on": fmt.train_on if fmt.format == "chat" else None,
+                            "chat_template": fmt.format == "chat", "overflow": fmt.overflow, **counts.summary()},
+                "source": {"from": "jsonl", "src": src, "files": len(files), "eval_every": EVAL_EVERY}}
+        with writing(out):
+            write_manifest(fs, tmp, meta, splits)
+            publish(tmp, target)
+    except BaseException:
         storage.remove_dir(fs, tmp)
         raise
     finally:

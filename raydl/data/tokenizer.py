@@ -82,21 +82,41 @@ def load(spec: str, *, vocab_size: int, training_texts: Iterable[bytes]) -> Byte
     return BpeTokenizer(tokenizer)
 
 
+def dataset_tokenizer(info):
+    """The `tokenizers.Tokenizer` a dataset keeps (tokenizer.json, or tokenizer/tokenizer.json of a records
+    dataset), or None (byte tokens, or no tokenizer)."""
+    meta = info.meta
+    name = meta.get("tokenizer_file") or (f"{meta['tokenizer_dir']}/tokenizer.json" if meta.get("tokenizer_dir") else None)
+    if not name:
+        return None
+    from tokenizers import Tokenizer
+
+    fs, _ = info.filesystem()
+    path = info.inside(name, "tokenizer_file" if meta.get("tokenizer_file") else "tokenizer_dir")
+    try:
+        with fs.open_input_file(path) as f:
+            return Tokenizer.from_str(f.read().decode("utf-8"))
+    except Exception as e:      # tokenizers raises a plain Exception for a malformed file
+        raise DataError(f"the dataset's tokenizer '{path}' cannot be read ({one_line(e)}). Fix: re-create the dataset "
+                        f"with `raydl data prepare`.") from None
+
+
+def token_names(info):
+    """id -> the text of that one token (for `raydl data inspect --tokens`)."""
+    if info.meta.get("tokenizer") == "bytes":
+        return lambda t: "<eos>" if t == BYTE_EOS else repr(bytes([t]))[2:-1]
+    tokenizer = dataset_tokenizer(info)
+    if tokenizer is None:
+        return str
+    return lambda t: repr(tokenizer.decode([int(t)], skip_special_tokens=False))[1:-1]
+
+
 def decoder(info):
     """ids -> text for a dataset's tokenizer (for `raydl data inspect`), or None."""
     meta = info.meta
     if meta.get("tokenizer") == "bytes":
         return lambda ids: bytes(t for t in ids if t < BYTE_EOS).decode("utf-8", errors="replace")
-    if meta.get("tokenizer_file"):
-        from tokenizers import Tokenizer
-
-        fs, _ = info.filesystem()
-        path = info.inside(meta["tokenizer_file"], "tokenizer_file")
-        try:
-            with fs.open_input_file(path) as f:
-                tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
-        except Exception as e:      # tokenizers raises a plain Exception for a malformed file
-            raise DataError(f"the dataset's tokenizer '{path}' cannot be read ({one_line(e)}). Fix: re-create the dataset "
-                            f"with `raydl data prepare`.") from None
-        return lambda ids: tokenizer.decode([int(t) for t in ids if t != meta["eos"]])
-    return None
+    tokenizer = dataset_tokenizer(info)
+    if tokenizer is None:
+        return None
+    return lambda ids: tokenizer.decode([int(t) for t in ids if t != meta["eos"]])

@@ -23,6 +23,7 @@ import torch
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
+from raydl.driver import init_from
 from raydl.driver import resume as resume_record
 from raydl.metrics import run_mirror, tensorboard, trackers
 from raydl.errors import ConfigError
@@ -65,6 +66,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     if cfg.checkpoint.storage_path:   # a bucket that is missing or refuses us fails here, not at the first upload
         storage.check(cfg.checkpoint.storage_path, "checkpoint.storage_path")
     Pricing.for_config(cfg)     # a cost.instance_type missing from the price table fails here, not mid-run
+    cfg = init_from.as_hf_weights(cfg, model.name if model else cfg.model.name)
     chosen = choose_model(cfg.model, model)
     info = chosen.open_dataset(cfg)
     data_path = info.root
@@ -76,6 +78,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
                  local=not cluster, launcher=launcher)
     # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
     path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
+    init_checkpoint = init_from.resolve(cfg, built, info.meta)
     dataset = resume_record.dataset_record(data_path, info.digest, info.meta)
     resume_from = check_resume(resume, cfg, chosen.fingerprint(built), dataset, announce=write) if resume else None
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
@@ -85,7 +88,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     local_data = not storage.is_uri(data_path)
     job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
-           "model": model, "import_dir": chosen.import_dir}
+           "init_from": init_checkpoint, "model": model, "import_dir": chosen.import_dir}
     if path:
         job["recovery"] = dataclasses.asdict(path)
     return PreparedRun(cfg, run_dir, job)

@@ -2,7 +2,8 @@
 
     DIR/config.json, generation_config.json                      (tie_word_embeddings=false: see raydl.models.hf)
     DIR/model.safetensors, or model-0000K-of-0000N.safetensors + model.safetensors.index.json
-    DIR/tokenizer.json, tokenizer_config.json                    when the dataset was tokenized with one
+    DIR/tokenizer.json, tokenizer_config.json                    when the dataset was tokenized with one (records:
+                                                                 the tokenizer directory, chat template included)
 
 `AutoModelForCausalLM.from_pretrained(DIR)` (and `AutoTokenizer.from_pretrained(DIR)`) load it
 with transformers alone. The tensors stream from the checkpoint shard by shard (raydl.export.hf_shards):
@@ -60,13 +61,21 @@ class HfExport:
         self._check(out)
 
     def _write_tokenizer(self, out: Path) -> None:
+        from raydl.data.hf_tokenizer import KEPT
         from raydl.data.tokenizer import EOS_TOKEN
 
+        data = self.trained.data
+        fs, _ = data.filesystem()
+        folder = self.trained.meta.get("tokenizer_dir")
+        if folder:   # records (raydl data prepare --format): the tokenizer directory they were made with, template included
+            root = data.inside(folder, "tokenizer_dir")
+            for name in KEPT:
+                if fs.get_file_info(f"{root}/{name}").is_file:
+                    (out / name).write_bytes(storage.read_bytes(fs, f"{root}/{name}"))
+            return
         name = self.trained.meta.get("tokenizer_file")
         if not name:
             return   # raydl's byte tokenizer and the built-in datasets have no tokenizer file
-        data = self.trained.data
-        fs, _ = data.filesystem()
         with fs.open_input_file(data.inside(name, "tokenizer_file")) as f:
             (out / "tokenizer.json").write_bytes(f.read())
         (out / "tokenizer_config.json").write_text(json.dumps(

@@ -128,7 +128,12 @@ def flops_per_sample(options: GptOptions, meta: dict[str, Any]) -> float:
 
 
 def tokens(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return batch["input_ids"].long(), batch["labels"].long()
+    """(input ids, labels). Records of varying length (raydl data prepare --format) come right-padded per batch with
+    a mask: the padding gets label -100, and under causal attention no real token attends to it."""
+    labels = batch["labels"].long()
+    if "labels_mask" in batch:
+        labels = labels.masked_fill(~batch["labels_mask"], -100)
+    return batch["input_ids"].long(), labels
 
 
 def random_tokens(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:

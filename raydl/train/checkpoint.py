@@ -19,9 +19,11 @@ and loading reads such a download too (DCP and the checksums read local files).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 import pyarrow.fs as pafs
 
@@ -241,13 +249,33 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
             return load(local, model, optimizer, fingerprint)
     state = read_state(path)
     check_compatible(state, fingerprint, path)
-    try:
+    with _loading(path):
         reader = safe_dcp.CheckedReader(path)
         options = StateDictOptions() if NESTED_KEY in reader.metadata.state_dict_metadata else FLAT_OPTIMIZER
         with states_one_by_one(optimizer):
             msd, osd = get_state_dict(model, optimizer, options=options)
         dcp.load({"model": msd, "optim": osd}, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=options)
+    return state
+
+
+def load_weights(path: str | Path, model: nn.Module) -> None:
+    """Only the model's tensors of a checkpoint, into this rank's part of the model (train.init_from): no optimizer
+    state, no trainer state. The driver checked that they fit (raydl.driver.init_from)."""
+    if storage.is_uri(str(path)):
+        with storage.local_copy(str(path), "train.init_from") as local:
+            return load_weights(local, model)
+    with _loading(path):
+        msd = get_model_state_dict(model)
+        dcp.load({"model": msd}, storage_reader=safe_dcp.CheckedReader(path), planner=safe_dcp.WeightsOnlyPlanner())
+        set_model_state_dict(model, msd)
+
+
+@contextlib.contextmanager
+def _loading(path: str | Path) -> Iterator[None]:
+    """DCP's errors while loading `path` as a CheckpointError (memory errors as they are)."""
+    try:
+        yield
     # DCP raises assorted errors on missing/corrupt shards, each rank's wrapped in a CheckpointException
     # (a BaseException whose text is a traceback).
     except (Exception, CheckpointException) as e:
@@ -258,7 +286,6 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
             raise CheckpointError(f"checkpoint '{path}' is not usable: {cause}. {FIX_EARLIER}, one you trust.") from None
         raise CheckpointError(f"checkpoint '{path}' could not be loaded ({type(cause).__name__}: {str(cause)[:300]}). "
                               f"{FIX_EARLIER}.") from cause
-    return state
 
 
 def all_complete(root: str | Path) -> list[Path] | list[str]:

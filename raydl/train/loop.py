@@ -95,6 +95,10 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint, held: Gr
     with session.latest_checkpoint() as path:
         path = path or job.get("resume_from")
         if not path:
+            if job.get("init_from"):   # a new run from trained weights: step 0, its own data and optimizer
+                ckpt.load_weights(job["init_from"], engine.model)
+                if session.rank == 0:
+                    session.announce(f"initialised the weights from {job['init_from']} (train.init_from)")
             return TrainerState()
         saved = ckpt.load(path, engine.model, optimizer, fingerprint)
     if scaler and saved.get("scaler"):
@@ -323,7 +327,11 @@ def evaluate(w: Worker) -> dict[str, float]:
     dp_rank, dp_size = (0, 1) if w.survivors else (w.dp_rank, layout.dp)
     batches = eval_batches(w.info, batch=layout.micro_batch, dp_rank=dp_rank, dp_size=dp_size,
                            max_batches=w.cfg.train.eval_batches, max_bad_shards=data.max_bad_shards)
-    return w.engine.evaluate(batches, precision=w.cfg.train.precision)
+    result = w.engine.evaluate(batches, precision=w.cfg.train.precision)
+    # The loss is the cross-entropy of the target tokens alone (labels -100 are no targets): its exp is their
+    # perplexity, what a fine-tuning run's answers are judged by.
+    result["perplexity"] = math.exp(min(result["loss"], 700.0)) if result.get("batches") else None
+    return result
 
 
 def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:

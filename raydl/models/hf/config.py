@@ -90,7 +90,10 @@ def _set_dropout(config, p: float) -> None:
 
 def _check_dataset_agrees(config, meta: dict[str, Any], source_field: str | None) -> None:
     where = f"model.options.{source_field}" if source_field else "model.options.vocab_size"
-    if config.vocab_size != meta["vocab_size"]:
+    # A Hugging Face checkpoint's embeddings often have more rows than its tokenizer has tokens (Qwen2: 151,936
+    # for 151,665); rows no token id reaches are harmless. Any other difference means other token ids.
+    padded = meta.get("tokenizer") == "hf" and config.vocab_size > meta["vocab_size"]
+    if config.vocab_size != meta["vocab_size"] and not padded:
         raise ConfigError(where, f"gives a vocabulary of {config.vocab_size} tokens but the dataset's tokenizer has "
                           f"{meta['vocab_size']}", "prepare the dataset with the model's tokenizer (raydl data "
                           "prepare --tokenizer its tokenizer.json), or use a model of the dataset's vocabulary"
