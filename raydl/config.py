@@ -23,7 +23,10 @@ from raydl.config_rules import check_tracker, validate
 from raydl.errors import ConfigError
 from raydl.parallel import schedules
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# Precisions that compute in bf16: fp8 casts the matmuls it takes to float8 and computes the rest in bf16.
+BF16_COMPUTE = ("bf16", "fp8")
+FP8_SCALINGS = ("tensorwise", "rowwise")
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DP_WRAPPERS = ("auto", "fsdp", "replicate", "ddp")
@@ -120,7 +123,13 @@ class TrainSection:
     max_epochs: int = _f(0, "Epochs to train when max_steps is 0.")
     precision: str = _f("fp32", "fp32, bf16 (autocast; with FSDP2 fully_shard or replicate also bf16 parameters for "
                         "compute and fp32 gradient reduction, the fp32 parameters and optimizer states staying "
-                        "master) or fp16 (autocast + GradScaler).", choices=PRECISIONS)
+                        "master), fp16 (autocast + GradScaler) or fp8 (bf16 as above, and the Linear layers of the "
+                        "repeated blocks that are large enough to gain run their matmuls in float8 through torchao, "
+                        "`pip install -e \".[fp8]\"`; the head, norms, embeddings and the loss stay bf16/fp32; needs "
+                        "GPUs of compute capability 8.9 or more: H100, H200, L4, Ada).", choices=PRECISIONS)
+    fp8_scaling: str = _f("tensorwise", "train.precision=fp8: how float8 scales are taken, per tensor (tensorwise: "
+                          "faster) or per row (rowwise: closer to bf16's numerics). torchao's size filter for that "
+                          "recipe leaves the layers too small to gain in bf16.", choices=FP8_SCALINGS)
     cpu_offload: bool = _f(False, "GPU with parallel.dp_wrapper=fsdp: keep the parameter shards, gradients and "
                            "optimizer states in host memory (FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU), "
                            "copying each block to the GPU when it runs: frees their device memory, costs a host-device "

@@ -25,6 +25,7 @@ from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
 from raydl.errors import ClusterLost, ConfigError, RunFailed, one_line, raydl_error_in
 from raydl.models.spec import ModelSpec
+from raydl.parallel import float8
 from raydl.telemetry import startup
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,8 @@ def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | No
     t0 = time.time()
     marks = startup.Marks(command_start=min(startup.command_start(), t0))
     raydl_log.ensure_configured()
+    float8.check_before_start(cfg.train.precision, workers_on_gpu=False if cfg.scaling.use_gpu == "false" else None,
+                              local=address is None)
     run = prepare_run(cfg, resume=resume, model=model, cluster=address is not None)
     marks.mark("prepared")
     log.info(f"run directory: {run.run_dir}")
@@ -279,6 +282,7 @@ def fit_connected(run: PreparedRun, address: str | None, marks: startup.Marks):
 
     marks.mark("ray_connected")
     check_cluster_fits(run.cfg, worker_resources(run.cfg), can_grow=address is not None)
+    float8.check_before_start(run.cfg.train.precision, workers_on_gpu=use_gpu(run.cfg), local=False)
     check_shared_checkpoints(run.cfg)
     check_shared_dataset(run.cfg, run.job["data_path"])
     warn_if_reads_cannot_run(run.cfg)

@@ -16,6 +16,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from raydl.config import BF16_COMPUTE
+
 
 def apply_data_parallel(model: nn.Module, *, dp_mesh, wrapper: str, pp_enabled: bool,
                         materialize: Callable[[nn.Module], None], precision: str = "fp32",
@@ -53,8 +55,9 @@ def apply_data_parallel(model: nn.Module, *, dp_mesh, wrapper: str, pp_enabled: 
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """bf16: bf16 parameters for compute, fp32 gradient reduction (bf16 sums over many ranks lose bits)."""
-    if precision == "bf16":
+    """bf16 (and fp8's bf16 layers): bf16 parameters for compute, fp32 gradient reduction (bf16 sums over many
+    ranks lose bits)."""
+    if precision in BF16_COMPUTE:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()   # fp32, and fp16: autocast with the gradient scaler, fp32 parameters
 

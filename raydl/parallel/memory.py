@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from raydl.config import BF16_COMPUTE
 from raydl.parallel import schedules
 from raydl.parallel.cost_model import balanced_cuts, in_flight_chunks
 
@@ -163,7 +164,7 @@ def _rank_parts(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], 
     params = sum(b.param_bytes for b in blocks)
     fsdp = wrapper == "fsdp" and dp > 1
     owned = params / dp if fsdp else params
-    bf16 = setting.precision == "bf16"
+    bf16 = setting.precision in BF16_COMPUTE
     fsdp2_mixed = bf16 and wrapper in ("fsdp", "replicate") and dp > 1   # MixedPrecisionPolicy(param_dtype=bf16)
     compute_share = 0.5 if bf16 else 1.0   # bytes of a compute-dtype copy per fp32 byte
     static = {"weights": owned, "grads": owned, "optimizer": owned * setting.optimizer_states}
@@ -207,7 +208,7 @@ def _activations(model: ModelMemory, rank: int, stages: list[list[BlockMemory]],
                  m: int, schedule: str, setting: Setting) -> float:
     per_rank = len(stages)
     in_flight = 1.0 if pp == 1 else in_flight_chunks(schedule, pp, m, rank) / per_rank
-    share = BF16_ACTIVATION_SHARE if setting.precision == "bf16" else 1.0
+    share = BF16_ACTIVATION_SHARE if setting.precision in BF16_COMPUTE else 1.0
     total = 0.0
     for stage in stages:
         if setting.activation_checkpointing:

@@ -1,8 +1,8 @@
 """An engine = the model laid out over the worker group plus how to run one step on it.
 
-`build_engine` resolves the layout for this world size (`layout_for`), builds the mesh
-and applies the parallelisms in a fixed order: activation checkpointing, per-block compile, pipeline split, then
-data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
+`build_engine` resolves the layout for this world size (`layout_for`), builds the mesh and applies the
+parallelisms in a fixed order: float8 layers (train.precision=fp8), activation checkpointing, per-block compile,
+pipeline split, then data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
 allocates only the tensors it keeps). The loop only talks to an `Engine`.
 """
 
@@ -23,6 +23,7 @@ from raydl.models.blocks import BlockModel
 from raydl.models.spec import ModelSpec
 from raydl.parallel.compile import CompileStats, apply_compile, choose_compile
 from raydl.parallel.data_parallel import apply_data_parallel
+from raydl.parallel.float8 import apply_float8, check_device
 from raydl.parallel.materialize import MetaInit
 from raydl.parallel.layout import Layout
 from raydl.parallel.mesh import build_mesh, layout_for, needs_profile
@@ -201,6 +202,11 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
         layout = dataclasses.replace(layout, dp_wrapper="torchft", dp_wrapper_reason="gradients averaged over the "
                                      "live workers by torchft's Manager, one all-reduce per step")
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 and not survivors else None
+    if cfg.train.precision == "fp8":
+        check_device(session.device)
+        converted = apply_float8(model, scaling=cfg.train.fp8_scaling)
+        if session.rank == 0:
+            log.info(f"train.precision=fp8: {converted} Linear layers compute in float8 ({cfg.train.fp8_scaling})")
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)
     compiled = compile_blocks(model, cfg.train.compile, session)

@@ -6,7 +6,9 @@ import contextlib
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: bf16 autocast around the float8 matmuls (raydl.parallel.float8), as torchtitan trains float8 under bf16
+# mixed precision.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 
 def autocast(precision: str, device: torch.device):

@@ -152,6 +152,24 @@ def median_start(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return {"median_start_s": statistics.median(known) if known else None}
 
 
+def soonest_per_precision(rows: list[dict[str, Any]]) -> str | None:
+    """Which precision reached the target loss soonest, with each precision's soonest trial: what a sweep over
+    precisions (fp8 against bf16, say) is read for. None when the sweep tried one precision."""
+    precisions = sorted({r["precision"] for r in rows})
+    if len(precisions) < 2:
+        return None
+
+    def soonest(precision: str) -> dict[str, Any] | None:
+        reached = [r for r in rows if r["precision"] == precision and _finite(r.get("time_to_target_s"))]
+        return min(reached, key=lambda r: r["time_to_target_s"], default=None)
+
+    best = {p: soonest(p) for p in precisions}
+    reached = sorted((r["time_to_target_s"], p) for p, r in best.items() if r)
+    verdict = f"{reached[0][1]} reached the target loss soonest" if reached else "no precision reached the target loss"
+    each = [f"{p} {r['time_to_target_s']:.1f} s ({r['trial']})" if r else f"{p} never" for p, r in best.items()]
+    return f"{verdict}: {', '.join(each)}"
+
+
 _ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Interrupt))\b:?\s*(.*)")
 
 
@@ -207,6 +225,7 @@ def format_table(rows: list[dict[str, Any]], extra_keys: list[str], best: dict[s
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
     median = median_start(rows)["median_start_s"]
     footer = [] if median is None else [f"median trial start (trial start -> first finished step): {median:.1f} s"]
+    footer += [line for line in [soonest_per_precision(rows)] if line]
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body), *footer])
 
 

@@ -39,12 +39,14 @@ from raydl import storage
 from raydl.metrics import tensorboard, trackers
 from raydl.errors import ClusterLost, ConfigError, one_line
 from raydl.overrides import apply_overrides, build_config
+from raydl.parallel import float8
 from raydl.telemetry.cost import CPU, Pricing
 from raydl.tune import mirror as sweep_mirror
 from raydl.tune import report
 from raydl.tune.progress import (COMPLETED_FILE, STARTS_FILE, TUNE_DIR, Progress, QuietRaydlTrialErrors,
                                  note_start, read_starts)
-from raydl.tune.space import SweepSpec, parse_sweep, trial_config, trial_cpus_gpus, trial_resources
+from raydl.tune.space import (SweepSpec, parse_sweep, probe_points, trial_config, trial_cpus_gpus,
+                              trial_resources)
 from raydl.tune.trial import TRIALS_DIR, attempts_of, run_trial, trial_history
 
 SWEEP_FILE = "sweep.yaml"
@@ -160,6 +162,12 @@ def _tuner(spec: SweepSpec, sweep_dir: Path, mirror: str | None, concurrency: in
     )
 
 
+def check_fp8(spec: SweepSpec, *, workers_on_gpu: bool | None, local: bool) -> None:
+    """A sweep with fp8 among its precisions runs only where its workers' GPUs can (raydl.parallel.float8)."""
+    if any(trial_config(spec, params).train.precision == "fp8" for params in probe_points(spec)):
+        float8.check_before_start("fp8", workers_on_gpu=workers_on_gpu, local=local)
+
+
 def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dict[str, Any]:
     """Start a sweep: check data and resources, write sweep.yaml, run all trials, write the report.
     `model`: a ModelSpec object every trial trains instead of model.name's (raydl.sweep(model=...))."""
@@ -168,11 +176,14 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, model=None) -> dic
     spec = dataclasses.replace(spec, base=_absolute_paths(spec.base))
     tensorboard.require_installed(spec.base_config())
     trackers.require_installed(spec.base_config())
+    check_fp8(spec, workers_on_gpu=False if spec.base_config().scaling.use_gpu == "false" else None,
+              local=address is None)
     prepare_data(spec, model)
     started_ray = connect(address, ray_env(spec.base_config()))
     import ray
 
     require_price(spec, gpu=use_gpu(spec.base_config()))
+    check_fp8(spec, workers_on_gpu=use_gpu(spec.base_config()), local=False)
     concurrency = max_concurrent(spec, ray.cluster_resources(), use_gpu=use_gpu(spec.base_config()))
     sweep_dir = new_sweep_dir(spec)
     mirror = sweep_mirror.location(spec.base_config(), sweep_dir.name)

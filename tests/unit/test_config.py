@@ -34,7 +34,7 @@ def test_yaml_and_overrides_round_trip(tmp_path):
     (["train.global_batch_size=0"], "train.global_batch_size"),
     (["train.micro_batch_size=-4"], "train.micro_batch_size"),
     (["train.global_batch_size=30"], "train.global_batch_size"),
-    (["train.precision=fp8"], "train.precision"),
+    (["train.precision=int4"], "train.precision"),
     (["scaling.min_workers=4", "scaling.max_workers=2"], "scaling.min_workers"),
     (["parallel.pp_degree=0"], "parallel.pp_degree"),
     (["train.max_steps=0"], "train.max_steps"),

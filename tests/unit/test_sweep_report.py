@@ -122,3 +122,14 @@ def test_plot_writes_a_png(tmp_path):
     curves = {"t0": records([2.5, 2.0, 1.6]), "t1": records([2.5, 2.2, 1.9])}
     assert report.plot(rows(), curves, tmp_path / "p.png", target=1.8)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_table_names_the_precision_that_reached_the_target_soonest():
+    row = lambda trial, precision, t: {"trial": trial, "precision": precision, "time_to_target_s": t}
+    rows = [row("t0", "bf16", 48.0), row("t1", "bf16", 61.5), row("t2", "fp8", 41.2), row("t3", "fp8", math.inf),
+            row("t4", "fp32", None)]
+    assert report.soonest_per_precision(rows) == ("fp8 reached the target loss soonest: bf16 48.0 s (t0), "
+                                                   "fp32 never, fp8 41.2 s (t2)")
+    assert report.soonest_per_precision([row("t0", "bf16", 3.0), row("t1", "bf16", 2.0)]) is None
+    assert report.soonest_per_precision([row("t0", "bf16", None), row("t1", "fp8", None)]).startswith(
+        "no precision reached the target loss")

@@ -44,7 +44,7 @@ def test_dims_of_every_kind_become_tune_domains():
     ("train.lr.x", [0.1], ["'train.lr.x' is not a config field (train.lr has no entries)"]),
     ("model.options.a.b", [1], ["not a dotted config key", "model.options.layers"]),
     ("train.global_batch_size", [64, "big"], ["must be of type int", "'big'"]),
-    ("train.precision", ["fp32", "fp8"], ["'fp8', not one of fp32, bf16, fp16"]),
+    ("train.precision", ["fp32", "int4"], ["'int4', not one of fp32, bf16, fp16, fp8"]),
     ("train.global_batch_size", [], ["empty list"]),
     ("train.global_batch_size", "uniform(32, 256)", ["type int, so uniform(...)", "randint"]),
     ("train.lr", "randint(1, 5)", ["type float, so randint(...)"]),
