@@ -24,19 +24,21 @@ PROCESS_ENDED = "its process ended without a Python error (a signal such as SIGK
 NODE_GONE = "its node is gone"
 
 
-def how_it_ended(error: BaseException) -> str:
-    """A worker's end as Ray's controller saw it, in a few words."""
-    from ray.exceptions import RayActorError
+def how_it_ended(error: BaseException, *, node_answers: bool = True) -> str:
+    """A worker's end as Ray's controller saw it, in a few words. `node_answers`: whether the worker's node's
+    raylet still answers (Ray's first word of a lost node is often only that the actor is unavailable: its GCS
+    declares the node dead after its health checks fail, seconds later)."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
 
     failure = getattr(error, "health_check_failure", error)   # Ray wraps a dead actor in its health check's error
     if isinstance(failure, RayActorError):
         text = str(failure)
         if failure.preempted:
             return "its node was preempted"
-        if "node has died" in text or "node died" in text:
+        if not node_answers or "node has died" in text:
             return NODE_GONE
-        if "worker process has died" in text:
-            return PROCESS_ENDED
+        if "worker process has died" in text or isinstance(failure, ActorUnavailableError):
+            return PROCESS_ENDED   # unavailable on a live node: its process's port is closed
         return "its Ray actor died"
     if type(failure).__name__ == "WorkerHealthCheckTimeoutError":
         return "it stopped answering Ray's health checks"
@@ -69,7 +71,8 @@ class MemberWatch(WorkerGroupCallback, ReplicaGroupCallback):
         """Ray replaces this replica group alone. A replacement that never started (no error polled) is not a loss."""
         for worker in [w for w in replica_group.get_workers() if _rank(w) in self.errors]:
             rank, meta = _rank(worker), worker.metadata
-            how, others = how_it_ended(self.errors.pop(rank)), max(self.workers - self.failing, 0)
+            how = how_it_ended(self.errors.pop(rank), node_answers=_node_answers(meta.node_id))
+            others = max(self.workers - self.failing, 0)
             self._tell({"event": "lost", "rank": rank, "time": time.time(), "node": _node(meta), "pid": meta.pid,
                         "how": how}, lost_line(rank, meta.pid, _node(meta), how, others))
 
@@ -91,6 +94,15 @@ class MemberWatch(WorkerGroupCallback, ReplicaGroupCallback):
 
 def _rank(worker) -> int:
     return worker.distributed_context.world_rank
+
+
+def _node_answers(node_id: str) -> bool:
+    import ray
+
+    from raydl.driver.cluster_watch import raylet_answers
+
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    return bool(node and node.get("Alive") and raylet_answers(node))
 
 
 def _node(meta) -> str:

@@ -196,6 +196,8 @@ def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(clus
     import json
     import signal
 
+    from raydl.driver.member_watch import NODE_GONE
+
     cluster.resize(1)
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=100000",
                  "checkpoint.every_steps=100000", "telemetry.report_every=5", "train.eval_batches=2",
@@ -222,3 +224,5 @@ def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(clus
     assert summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step_{summary['steps']:08d}", summary
     own = [line for line in run.tail(20000).splitlines() if "pid=" not in line]
     assert any("--resume" in line for line in own) and not any("Traceback" in line for line in own), run.tail()
+    assert any(f"died: {NODE_GONE}; the other worker goes on; a replacement starts once a node has room for it"
+               in line for line in own), run.tail()   # raydl.driver.member_watch, at the node's loss

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
 from raydl.data.order import DataPosition
@@ -62,6 +62,9 @@ def test_a_process_killed_and_a_node_lost_are_told_as_ray_tells_them():
     assert how_it_ended(WorkerHealthCheckFailedError("A worker health check failed.", failure=died)) == PROCESS_ENDED
     gone = RayActorError("a1", "The actor died because its node has died. Node Id: 6eeb")
     assert how_it_ended(WorkerHealthCheckFailedError("failed", failure=gone)) == NODE_GONE
+    unavailable = ActorUnavailableError("RpcError: Connection refused", None)
+    assert how_it_ended(WorkerHealthCheckFailedError("failed", failure=unavailable)) == PROCESS_ENDED
+    assert how_it_ended(WorkerHealthCheckFailedError("failed", failure=unavailable), node_answers=False) == NODE_GONE
     assert how_it_ended(ActorDiedError()) == "its Ray actor died"
     assert how_it_ended(ValueError("bad shard\nmore")) == "it failed: ValueError: bad shard"
     assert lost_line(1, 8671, "10.0.0.5 (6eebd165)", PROCESS_ENDED, 1) == (
