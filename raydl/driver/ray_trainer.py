@@ -187,7 +187,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # Also when connecting to a Ray that was started with another runtime env.
             worker_runtime_env={"env_vars": ray_env(cfg)},
-            callbacks=[FailureCauseCallback(run.job["metrics_sink"]), *callbacks],
+            callbacks=[FailureCauseCallback(run.job["metrics_sink"]), *survivors_callbacks(run), *callbacks],
             # Ray logs every report's full metrics at INFO; raydl logs its own progress line.
             logging_config=LoggingConfig(log_level=logging.getLevelName(raydl_log.ray_log_level())),
         ),
@@ -216,12 +216,27 @@ def start_state_holder(run: PreparedRun):
 def survivors_backend(cfg: JobConfig):
     """Ray Train's torchft backend (raydl.driver.survivors_backend): one replica group per worker, so that Ray
     replaces a dead worker alone while the others go on (raydl.train.survivors). The Lighthouse forms each
-    step's quorum; a worker silent for survivor_timeout_s is left out of the next one. min_replicas=1: the
-    survivors go on at any size."""
+    step's quorum once every member of the last one asked for it. A dead worker is noticed by its heartbeats
+    stopping: after scaling.survivor_timeout_s (each worker's torchft Manager sends one every tenth of it, from a
+    thread of its own, so a busy machine would have to hold ten back), the survivors go on without it. A live
+    worker that is late (a busy machine, the leader writing a checkpoint alone) is waited for as long as the
+    others' quorum request waits (raydl.train.survivors.TIMEOUT: join_timeout_ms; with 2 workers the Lighthouse
+    never forms a quorum of one while the other still sends heartbeats). min_replicas=1: the survivors go on at
+    any size."""
     from raydl.driver.survivors_backend import RaydlTorchftConfig
+    from raydl.train.survivors import TIMEOUT
 
-    return RaydlTorchftConfig(lighthouse_kwargs={"min_replicas": 1,
-                                                 "heartbeat_timeout_ms": int(cfg.scaling.survivor_timeout_s * 1000)})
+    return RaydlTorchftConfig(lighthouse_kwargs={
+        "min_replicas": 1, "heartbeat_timeout_ms": int(cfg.scaling.survivor_timeout_s * 1000),
+        "join_timeout_ms": int(TIMEOUT.total_seconds() * 1000)})
+
+
+def survivors_callbacks(run: PreparedRun) -> list:
+    """On the survivors path: the controller's view of each worker lost and replaced, to the console and the run's
+    record (raydl.driver.member_watch)."""
+    from raydl.driver.member_watch import MemberWatch
+
+    return [MemberWatch(run.job["metrics_sink"])] if run.job.get("recovery", {}).get("survivors") else []
 
 
 def run_training(cfg: JobConfig, *, address: str | None = None, resume: str | None = None,

@@ -55,6 +55,13 @@ class MetricsSink:
             self.say(f"a worker failed: {cause}")
         self.writer.note_failure(cause)
 
+    def note_member(self, told: dict, line: str) -> None:
+        """From Ray Train's controller on the survivors path (raydl.driver.member_watch): a worker lost, or its
+        replacement started; `line` for the console, if any."""
+        if line:
+            self.say(line)
+        self.writer.note_member(told)
+
     def note_worker_error(self, rank: int, error: Exception, traceback: str) -> None:
         """From a worker on the survivors path whose train function is ending with `error`."""
         self.unseen_error = (time.time(), rank, error, traceback)

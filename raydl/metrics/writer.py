@@ -2,7 +2,8 @@
 
 The writer runs where the run directory is: in the metrics sink actor (raydl.metrics.sink, pinned to
 the driver's node) under Ray, or in the rank-0 process under torchrun. It also keeps the run's
-record: world sizes, layouts, restarts and device-hours with their cost (raydl.telemetry.cost).
+record: world sizes, layouts, restarts, the survivors path's changes of members (raydl.metrics.members) and
+device-hours with their cost (raydl.telemetry.cost).
 
 Throughput is what a stopwatch sees: samples over the elapsed wall time of the run's steady part
 (the steps after the first fifth), evaluations, reports, checkpoints and restarts included; each
@@ -20,6 +21,7 @@ from typing import Any
 
 from raydl import log as raydl_log
 from raydl.console import Console, Progress
+from raydl.metrics.members import MemberChanges
 from raydl.metrics.run_mirror import RunMirror
 from raydl.metrics.stopwatch import stopwatch
 from raydl.metrics.tensorboard import EventsWriter
@@ -47,6 +49,7 @@ class MetricsWriter:
         self.world_sizes: list[int] = []
         self.layouts: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
+        self.members = MemberChanges()
         self.last_checkpoint: str | None = None
         self.pending_cause: str | None = None   # why the current worker group will end, told before its successor
         self.events = EventsWriter(events_dir) if events_dir else None
@@ -73,8 +76,15 @@ class MetricsWriter:
         if not self.preempted:
             self.pending_cause = cause
 
+    def note_member(self, told: dict[str, Any]) -> None:
+        """From Ray Train's controller, on the survivors path: a worker lost or its replacement started
+        (raydl.driver.member_watch)."""
+        self.members.from_ray(told)
+
     def write(self, report: WorkerReport, *, world_size: int, checkpoint: str | None = None) -> None:
         records = report.records
+        for change in (c for r in records for c in r.members or ()):
+            self.members.from_worker(change)
         if report.preempted:   # the checkpoint at a drain notice: the group's end, whatever errors follow
             self.pending_cause = f"preemption notice (checkpoint at step {report.step})"
         if records and self.records and report.group_start:
@@ -157,6 +167,7 @@ class MetricsWriter:
             "world_sizes": self.world_sizes,
             "layouts": self.layouts,
             "restarts": self.restarts,
+            "members": self.members.summary(),
             "precision": final.precision,
             "wall_s": final.wall_s,
             "stopped_by_signal": final.stopped_by_signal,

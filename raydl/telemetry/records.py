@@ -50,6 +50,8 @@ class StepRecord:
     cost_usd: float | None = None             # None: no price known for the device
     # A worker group's first step only: its start-up marks (raydl.telemetry.startup), mark -> wall clock.
     startup: dict[str, float] | None = None
+    # The survivors path only: the workers lost or joined before this step (raydl.train.survivors.ChangeRecord).
+    members: list[dict[str, Any]] | None = None
 
     @property
     def elapsed_s(self) -> float:

@@ -303,6 +303,8 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
                                 world_size=w.engine.layout.world_size if w.survivors else w.session.world_size,
                                 data_wait_s=batch.wait_s, bad_shards=batch.bad_shards, device=w.session.device,
                                 gpu=w.gpu.read())
+        if w.survivors:
+            record.members = w.survivors.take_changes() or None
         profiler.end(state.step)
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < w.total_steps:
             t_eval = time.perf_counter()

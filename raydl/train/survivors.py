@@ -17,7 +17,10 @@ own guarantees on top of torchft's:
     after the next quorum. No other step is redone;
   * a replica behind the others (Ray's replacement) copies a live peer in its first quorum, over the same
     process group (torchft's PGTransport): model, optimizer, grad scaler, and raydl's step and data position.
-    Storage is read only when no replica has trained yet (a start, or a restart of the whole group).
+    Storage is read only when no replica has trained yet (a start, or a restart of the whole group);
+  * every change of members goes on the run's record (`take_changes`, sent with the step records by the
+    leading replica): the rank lost or joined, the step, the survivors' stall, the steps redone and the samples
+    lost or repeated, read from the data positions on either side of the change.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"   # Ray's _TorchftBackend sets it on every
 TIMEOUT = timedelta(seconds=30)         # collectives, peer copy, quorum: generous for a loaded machine
 START_WAIT_S = 60.0                     # at a start, how long the first worker waits for the others
 TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits")   # INFO lines on every step
+HEARTBEATS_PER_TIMEOUT = 10             # a worker's heartbeats to the Lighthouse per scaling.survivor_timeout_s
 
 
 def enabled() -> bool:
@@ -53,6 +57,7 @@ def enabled() -> bool:
 class Members:
     rank: int    # this replica's place among the live ones
     size: int    # live replicas this step
+    ranks: frozenset[int] = frozenset()   # the live replicas' worker ranks (Ray's world ranks)
 
 
 class Survivors:
@@ -81,13 +86,17 @@ class Survivors:
         self.members: Members | None = None
         self._joined = False
         self._planned: tuple[Members, DataPosition] | None = None   # what the current loader serves next
+        self._loader: Any = None
         self._batches: Iterator | None = None
+        self._record = ChangeRecord()
         self.manager = Manager(
             pg=self.pg, load_state_dict=self._load, state_dict=self._state_dict, min_replica_size=1,
             use_async_quorum=False,   # heal and learn the members before the step takes its rows
             init_sync=False,          # every replica builds the same initial weights from train.seed
             world_size=1, rank=0, replica_id=replica_id(replica), timeout=TIMEOUT, quorum_timeout=TIMEOUT,
+            heartbeat_interval=timedelta(seconds=cfg.scaling.survivor_timeout_s / HEARTBEATS_PER_TIMEOUT),
             checkpoint_transport=PGTransport(self.pg, timeout=TIMEOUT, device=device))
+        self.manager._client = _QuorumMembers(self.manager._client)   # torchft keeps the quorum's ids to itself
 
     # -- what a peer sends and a newcomer loads (torchft calls these from its quorum)
     def _state_dict(self) -> dict[str, Any]:
@@ -131,6 +140,7 @@ class Survivors:
         position = DataPosition(**state["position"])
         if self._planned != (self.members, position):
             self._replan(position)
+        self._record.began()
         batch = next(self._batches)
         self._planned = (self.members, batch.position)
         return state, batch
@@ -147,6 +157,7 @@ class Survivors:
         self.manager.allreduce(flat).wait()
         if not self.manager.should_commit():
             self._planned = None
+            self._record.discarded()
             self.optimizer.zero_grad(set_to_none=True)
             return None
         for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
@@ -155,7 +166,15 @@ class Survivors:
 
     def committed(self, state: dict[str, Any]) -> None:
         """The step is done: `state` is what a newcomer copies from now on."""
+        self._record.committed(self.members, before=DataPosition(**self.state["position"]),
+                               after=DataPosition(**state["position"]), step=state["step"],
+                               steps_per_epoch=self._loader.steps_per_epoch,
+                               global_batch=self.cfg.train.global_batch_size)
         self.state = state
+
+    def take_changes(self) -> list[dict[str, Any]]:
+        """The changes of members since the last call (`ChangeRecord`), for the step records."""
+        return self._record.take()
 
     def all_reduce_sum(self, t: torch.Tensor) -> None:
         """Sum over the live replicas (raydl.train.agree's one collective at a report); a peer lost during it
@@ -187,7 +206,7 @@ class Survivors:
         self.state = state
         self.manager.start_quorum()   # synchronous: reconfigures the group and copies a peer if behind
         rank, size = self.manager.participating_rank(), self.manager.num_participants()
-        self.members = Members(rank, size)
+        self.members = Members(rank, size, frozenset(self.manager._client.ranks))
 
     def _take_healed(self) -> dict[str, Any] | None:
         healed, self.healed = self.healed, None
@@ -199,7 +218,77 @@ class Survivors:
         if self._batches is not None:
             self._batches.close()     # stops its read-ahead thread
         self.engine.layout = self.layout(self.members.size)
-        self._batches = iter(self.make_loader(position, self.members))
+        self._loader = self.make_loader(position, self.members)
+        self._batches = iter(self._loader)
+
+
+class ChangeRecord:
+    """The changes of a replica's members as it saw them, one entry per rank lost or joined:
+
+      step              the first step the new members trained (the loss or join took effect before it)
+      time              when that step was committed (wall clock)
+      stall_s           from the end of the last step committed by the old members to the start of the first one
+                        by the new (the step discarded at a loss, the quorum's wait for a silent worker, a peer copy)
+      steps_redone      steps discarded in between (a peer failed during them), whose rows were taken again
+      samples_lost, samples_repeated   rows skipped or taken twice: where the first step after the change took
+                        its rows from, against where the last one before it ended (raydl's data order)
+    """
+
+    def __init__(self):
+        self.changes: list[dict[str, Any]] = []
+        self._ranks: frozenset[int] | None = None   # who trained the last committed step
+        self._committed_at: float | None = None
+        self._began_at = 0.0
+        self._discarded = 0
+
+    def began(self) -> None:
+        """A step starts: its quorum done, its rows planned."""
+        self._began_at = time.time()
+
+    def discarded(self) -> None:
+        self._discarded += 1
+
+    def committed(self, members: Members, *, before: DataPosition, after: DataPosition, step: int,
+                  steps_per_epoch: int, global_batch: int) -> None:
+        """A step ended at `after`, committed by `members`; the one before it ended at `before`."""
+        if self._ranks is not None and members.ranks != self._ranks:
+            skipped = (_step_index(after, steps_per_epoch, global_batch) - 1
+                       - _step_index(before, steps_per_epoch, global_batch))
+            common = {"step": step, "time": time.time(), "workers": members.size,
+                      "stall_s": round(self._began_at - self._committed_at, 3), "steps_redone": self._discarded,
+                      "samples_lost": max(skipped, 0) * global_batch,
+                      "samples_repeated": max(-skipped, 0) * global_batch}
+            self.changes += [{"event": "lost", "rank": rank, **common} for rank in sorted(self._ranks - members.ranks)]
+            self.changes += [{"event": "joined", "rank": rank, **common}
+                             for rank in sorted(members.ranks - self._ranks)]
+        self._ranks, self._committed_at, self._discarded = members.ranks, time.time(), 0
+
+    def take(self) -> list[dict[str, Any]]:
+        changes, self.changes = self.changes, []
+        return changes
+
+
+def _step_index(position: DataPosition, steps_per_epoch: int, global_batch: int) -> int:
+    """The steps of the run's data order up to `position` (every epoch has steps_per_epoch of them)."""
+    return position.epoch * steps_per_epoch + position.offset // global_batch
+
+
+class _QuorumMembers:
+    """torchft's ManagerClient, keeping the worker ranks of the last quorum's members (their replica ids end in the
+    rank: `replica_id`), which torchft's Manager reads and drops."""
+
+    def __init__(self, client):
+        self.client, self.ranks = client, ()
+
+    def _quorum(self, **kwargs):
+        from torchft.manager import extract_trailing_digits
+
+        quorum = self.client._quorum(**kwargs)
+        self.ranks = tuple(extract_trailing_digits(member.split(":")[0]) for member in quorum.replica_ids)
+        return quorum
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
 
 
 def _without_flight_recorder_warning(record: logging.LogRecord) -> bool:

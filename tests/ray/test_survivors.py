@@ -13,6 +13,7 @@ default tiny GPT on the built-in task (3840 train rows = 60 steps of 64 per epoc
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,16 +41,24 @@ def cluster():
 
 
 def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, data_cache, tmp_path):
+    """A process burning a core runs beside the run until the kill: no worker is declared lost before it (the
+    Lighthouse's timeouts: raydl.driver.ray_trainer.survivors_backend). The loss and the join are on the run's
+    record: a console line naming the killed worker and what happens now, summary.json's `members` and the step
+    records of metrics.jsonl, with the stall, the steps redone and the samples lost or repeated (the ledger's)."""
+    from raydl.driver.member_watch import PROCESS_ENDED
+
     cluster.resize(1)
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={STEPS}",
                  f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
                  "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2"]
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     run = ledger_run(tmp_path, overrides, cluster.address).start()
     try:
-        run.wait_step(30, deadline_s=300)
+        run.wait_step(30, deadline_s=600)   # Ray's start, with a core busy
         victim, survivor = run.workers(2)[::-1]
         assert kill(victim)
         t_kill, at = time.monotonic(), run.step()
+        kill(busy.pid)
         # The survivor trains on alone: a step past the kill while the replacement is still starting.
         run.wait_for("a step by the survivor", lambda: run.step() > at + 3, 60)
         stall = time.monotonic() - t_kill
@@ -58,7 +67,9 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
         summary = run.finish(deadline_s=600)
     finally:
         run.stop()
-    print(f"[survivors] kill at step {at}: a reported step past it {stall:.1f} s later")
+        busy.kill()
+        busy.wait()
+    print(f"[survivors] kill at step {at}: a reported step past it {stall:.1f} s later; members: {summary['members']}")
     assert summary["steps"] == STEPS and summary["restarts"] == [], summary["restarts"]
     assert sorted({r["world_size"] for r in run.records()}) == [1, 2]   # smaller for a while, then whole again
     assert steps_redone(ledger(run)) <= 1
@@ -68,6 +79,20 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
     assert sorted(ids) == [0, 1, 2, 3]
     for epoch, taken in ids.items():
         assert sorted(taken) == every, f"epoch {epoch}: {len(taken)} ids taken, {len(set(taken))} distinct"
+    # One loss (none before the kill, though a core was busy), then the replacement's join, on the record.
+    lost, joined = summary["members"]
+    assert lost["event"] == "lost" and lost["pid"] == victim and lost["step"] > at, summary["members"]
+    assert 0 < lost["stall_s"] and lost["steps_redone"] <= 1 and lost["workers"] == 1, lost
+    assert lost["samples_lost"] == lost["samples_repeated"] == 0   # as the ledger says (above)
+    assert lost["how"] == PROCESS_ENDED, lost
+    assert joined["event"] == "joined" and joined["rank"] == lost["rank"] and joined["step"] > lost["step"], joined
+    assert joined["workers"] == 2 and joined["pid"] not in (victim, survivor), joined
+    recorded = [(c["event"], c["rank"], c["step"]) for r in run.records() for c in r.get("members", ())]
+    assert recorded == [(c["event"], c["rank"], c["step"]) for c in (lost, joined)], recorded
+    console = run.tail(10**6)
+    assert (f"worker {lost['rank']} (pid {victim}) on node {lost['node']} died: {PROCESS_ENDED}; the other worker "
+            f"goes on; a replacement is starting") in console, console
+    assert f"worker {lost['rank']} joined the others at step" in console, console
 
 
 def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(cluster, data_cache, tmp_path):
@@ -171,6 +196,8 @@ def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(clus
     import json
     import signal
 
+    from raydl.driver.member_watch import NODE_GONE
+
     cluster.resize(1)
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=100000",
                  "checkpoint.every_steps=100000", "telemetry.report_every=5", "train.eval_batches=2",
@@ -197,3 +224,5 @@ def test_ctrl_c_while_the_replacement_waits_for_a_node_checkpoints_and_ends(clus
     assert summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step_{summary['steps']:08d}", summary
     own = [line for line in run.tail(20000).splitlines() if "pid=" not in line]
     assert any("--resume" in line for line in own) and not any("Traceback" in line for line in own), run.tail()
+    assert any(f"died: {NODE_GONE}; the other worker goes on; a replacement starts once a node has room for it"
+               in line for line in own), run.tail()   # raydl.driver.member_watch, at the node's loss
