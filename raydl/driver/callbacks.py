@@ -39,8 +39,10 @@ def failure_cause(rank: int, error: Exception) -> str:
 
 
 class FailureCauseCallback(UserCallback):
-    def __init__(self, sink_name: str):
-        self.sink_name, self.sink = sink_name, None
+    def __init__(self, sink_name: str, *, deaths_said_elsewhere: bool = False):
+        """`deaths_said_elsewhere`: the survivors path, where raydl.driver.member_watch says a dead worker's line
+        (with what happens next): this one would repeat it."""
+        self.sink_name, self.sink, self.deaths_said_elsewhere = sink_name, None, deaths_said_elsewhere
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
         import ray
@@ -49,5 +51,6 @@ class FailureCauseCallback(UserCallback):
         rank, error = min(worker_exceptions.items(), key=lambda item: (dead_worker(item[1]) is None, item[0]))
         self.sink = self.sink or ray.get_actor(self.sink_name)
         # A raydl error ends the run at once with its own paragraph (raydl.driver.failure_policy): nothing to announce.
+        said_elsewhere = self.deaths_said_elsewhere and dead_worker(error) is not None
         self.sink.note_failure.remote(failure_cause(rank, error), list(worker_exceptions),
-                                      announce=raydl_error_in(error) is None)
+                                      announce=raydl_error_in(error) is None and not said_elsewhere)

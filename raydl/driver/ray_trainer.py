@@ -173,6 +173,7 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
     resources = worker_resources(cfg)
     elastic = s.min_workers < s.max_workers
     gpu = "GPU" in resources
+    members = survivors_callbacks(run)
     trainer = RaydlTrainer(
         run_worker,
         train_loop_config=run.job,
@@ -187,7 +188,8 @@ def build_trainer(run: PreparedRun, *, callbacks=()):
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             # Also when connecting to a Ray that was started with another runtime env.
             worker_runtime_env={"env_vars": ray_env(cfg)},
-            callbacks=[FailureCauseCallback(run.job["metrics_sink"]), *survivors_callbacks(run), *callbacks],
+            callbacks=[FailureCauseCallback(run.job["metrics_sink"], deaths_said_elsewhere=bool(members)), *members,
+                       *callbacks],
             # Ray logs every report's full metrics at INFO; raydl logs its own progress line.
             logging_config=LoggingConfig(log_level=logging.getLevelName(raydl_log.ray_log_level())),
         ),
