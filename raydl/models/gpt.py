@@ -15,6 +15,7 @@ from torch import nn
 
 from raydl.errors import ConfigError
 from raydl.models.blocks import BlockModel
+from raydl.models.loss import VocabHead, token_mean
 from raydl.models.presets import GPT_SIZES, GptOptions
 from raydl.models.spec import ModelSpec
 
@@ -60,14 +61,18 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class Head(nn.Module):
+class Head(VocabHead):
     def __init__(self, width: int, vocab_size: int):
         super().__init__()
         self.ln = nn.LayerNorm(width)
         self.out = nn.Linear(width, vocab_size, bias=False)
 
+    def projection(self) -> nn.Linear:
+        return self.out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))  # (B, T, vocab)
+        x = self.ln(x)
+        return x if self.hidden_out else self.out(x)  # (B, T, width) or (B, T, vocab)
 
 
 def build_gpt(size: str, *, vocab_size: int, seq_len: int, dropout: float = 0.0) -> BlockModel:
@@ -92,9 +97,7 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def gpt_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy over labelled positions (label -100 = ignored)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+gpt_loss = token_mean   # mean token cross-entropy over labelled positions (label -100 = ignored)
 
 
 def gpt_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:

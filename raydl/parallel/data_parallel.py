@@ -43,10 +43,14 @@ def apply_data_parallel(model: nn.Module, *, dp_mesh, wrapper: str, pp_enabled: 
         return model
     # Per-block sharding lets FSDP overlap each block's all-gather with the previous block's compute.
     # Without PP, resharding after forward saves memory; with PP it would all-gather once per micro-batch.
+    # The last block stays gathered (its backward comes next, as torchtitan has it): a chunked loss reads its
+    # vocabulary projection's gathered weight after its forward (raydl.models.loss.model_loss).
     shard = {"mesh": dp_mesh, "reshard_after_forward": not pp_enabled, "mp_policy": mp_policy,
              "offload_policy": offload(cpu_offload, dp_mesh.device_type)}
-    for block in getattr(model, "blocks", {}).values():
-        fully_shard(block, **shard)
+    blocks = list(getattr(model, "blocks", {}).values())
+    for block in blocks:
+        last = block is blocks[-1]
+        fully_shard(block, **{**shard, "reshard_after_forward": shard["reshard_after_forward"] and not last})
     model = fully_shard(model, **shard)
     materialize(model)
     return model

@@ -61,7 +61,8 @@ def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group,
         stages.append(PipelineStage(parallelize(module), index, num_stages, device, group=pp_group))
     cls = schedules.get(layout.schedule).torch_class()
     target = stages[0] if len(stages) == 1 else stages
-    schedule = cls(target, n_microbatches=layout.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    # scale_grads=False: loss_fn scales each micro-batch's loss sum itself (by the global target count)
+    schedule = cls(target, n_microbatches=layout.num_microbatches, loss_fn=loss_fn, scale_grads=False)
     # The checkpointed module: the unwrapped blocks (FSDP2 shards them in place), names unchanged.
     holder = BlockModel({name: block for m in modules for name, block in m.blocks.items()})
     return schedule, stages, holder

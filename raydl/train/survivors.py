@@ -136,19 +136,25 @@ class Survivors:
         return state, batch
 
     def average(self, stats: StepStats) -> StepStats | None:
-        """Mean gradients and loss over the live replicas, in one all-reduce. None: the step is discarded
-        (a peer failed during it); its rows are taken again after the next quorum."""
+        """Gradients and loss of the live replicas' whole batch, token-weighted, in one all-reduce: each replica
+        computed its mean over its own targets; weighted back by its count (the sum), averaged, and divided by the
+        averaged count, the result is the sum over every target of the step over their number (FINETUNE_NOTES).
+        None: the step is discarded (a peer failed during it); its rows are taken again after the next quorum."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        device, dtype = params[0].device, params[0].grad.dtype
+        count = torch.as_tensor(stats.count, dtype=dtype, device=device).reshape(1)
         flat = torch.cat([*(p.grad.reshape(-1) for p in params),
-                          torch.as_tensor(stats.loss, dtype=params[0].grad.dtype, device=params[0].device).reshape(1)])
+                          torch.as_tensor(stats.loss, dtype=dtype, device=device).reshape(1)])
+        flat = torch.cat([flat.mul_(count.clamp(min=1)), count])
         self.manager.allreduce(flat).wait()
         if not self.manager.should_commit():
             self._planned = None
             self.optimizer.zero_grad(set_to_none=True)
             return None
+        flat = flat[:-1] / flat[-1:].clamp(min=torch.finfo(dtype).tiny)   # a step without targets: all zero
         for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p.grad))
         return replace(stats, loss=flat[-1])
