@@ -82,7 +82,8 @@ class VocabHead(nn.Module):
 
     hidden_out = False
 
-    def projection(self) -> nn.Linear:
+    def projection(self) -> nn.Module:
+        """The projection: a module with `weight` (vocabulary x hidden) and, maybe, `bias`."""
         raise NotImplementedError
 
 
@@ -111,13 +112,13 @@ def chunk_bytes(vocab_size: int, chunk_tokens: int = CHUNK_TOKENS) -> int:
     return chunk_tokens * vocab_size * (4 + 4 + 2)
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, *,
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, *,
                           chunk_tokens: int = CHUNK_TOKENS) -> LossTerms:
     """`token_cross_entropy(head(hidden), labels)` without the logits of more than `chunk_tokens` tokens at a time:
     forward keeps each token's log-sum-exp only; backward projects each chunk again (one more matmul of the
     head's three) and turns it into its gradient at once. Under autocast the matmuls run in its dtype, the
     softmax in fp32, as autocast would for the unchunked loss."""
-    weight, bias = head.weight, head.bias
+    weight, bias = head.weight, getattr(head, "bias", None)   # a tied projection has no bias
     device_type = hidden.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)

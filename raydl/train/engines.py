@@ -25,7 +25,7 @@ from raydl.parallel.data_parallel import apply_data_parallel
 from raydl.parallel.materialize import MetaInit
 from raydl.parallel.layout import Layout
 from raydl.parallel.mesh import build_mesh, layout_for, needs_profile
-from raydl.parallel.pipeline import forward_chain, pipeline_model
+from raydl.parallel.pipeline import forward_chain, pipeline_model, sum_tied_grads
 from raydl.parallel.memory_probe import model_memory
 from raydl.parallel.profile import memory_budget, shared_profile
 from raydl.train import step as train_step
@@ -102,6 +102,7 @@ class PipelineEngine:
         self.pp_group = mesh["pp"].get_group()
         self.dp_group = mesh["dp"].get_group() if layout.dp > 1 else None
         self.pp_rank = layout.coords(session.rank)[1]
+        self.tied = dict(model.tied)
         self.loss_scale = torch.ones((), device=self.device)   # set by each step before its schedule runs
         parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=layout.dp_wrapper,
                                         pp_enabled=True, materialize=materializer(init, param_device(cfg, self.device)),
@@ -133,6 +134,7 @@ class PipelineEngine:
         with autocast(self.precision, self.device):
             self.schedule.step(*args, target=targets if self.is_last else None,
                                losses=losses if self.is_last else None, return_outputs=False)
+        sum_tied_grads(self.model, self.tied, layout=self.layout, pp_rank=self.pp_rank, pp_group=self.pp_group)
         if not self.is_last:
             return StepStats(loss=0.0, has_loss=False)
         return StepStats(loss=torch.stack(losses).detach().sum())

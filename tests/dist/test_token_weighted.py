@@ -79,7 +79,7 @@ def _cases(rank: int, world_size: int, cases: list[str], out: str) -> None:
     torch.set_num_threads(1)
     raydl.models.loss.CHUNK_TOKENS = 5   # several chunks per micro-batch, one cut mid-row
     for case in cases:
-        _one_step(rank, world_size, case, CASES[case][1], out)
+        _one_step(rank, world_size, case, {**CASES, **TIED_CASES}[case][1], out)
 
 
 CASES = {   # name: (world size, overrides, expected (dp, pp, rows per micro-batch, micro-batches))
@@ -90,25 +90,25 @@ CASES = {   # name: (world size, overrides, expected (dp, pp, rows per micro-bat
     "pp2": (2, ("train.micro_batch_size=2", "parallel.pp_degree=2", "parallel.schedule=1f1b",
                 "parallel.num_microbatches=4"), [1, 2, 2, 4]),
 }
+TIED = ("model.options.tie_head=true",)   # gpt2's head: one weight, or a copy per stage kept equal
+TIED_CASES = {
+    "2x2x2 fsdp tied": (2, (*CASES["2x2x2 fsdp"][1], *TIED), [2, 1, 2, 2]),
+    "pp2 tied": (2, (*CASES["pp2"][1], *TIED), [1, 2, 2, 4]),
+    "zbv tied": (2, ("train.micro_batch_size=2", "parallel.pp_degree=2", "parallel.schedule=zbv",
+                     "parallel.num_microbatches=4", *TIED), [1, 2, 2, 4]),   # both copies on rank 0
+}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_gradients_equal_the_full_batch_at_every_split(tmp_path):
-    full_loss, reference_grads = reference(_config("train.micro_batch_size=8"))
-    batch = records()
-    counts = (batch["labels"] != -100).sum(1)
-    assert len(set(counts.tolist())) > 4, counts   # rows hold different counts of targets
-    _cases(0, 1, [c for c, (size, _, _) in CASES.items() if size == 1], str(tmp_path))
-    run_gloo(_cases, 2, [c for c, (size, _, _) in CASES.items() if size == 2], str(tmp_path))   # one start-up
-    for case, (world_size, _, expected) in CASES.items():
+def _check(out, cases: dict, full_loss: float, reference_grads: dict[str, torch.Tensor], tied: dict[str, str]):
+    for case, (world_size, _, expected) in cases.items():
         seen: set[str] = set()
         losses = []
         for rank in range(world_size):
-            result = json.loads((tmp_path / f"{case}.rank{rank}.json").read_text())
+            result = json.loads((out / f"{case}.rank{rank}.json").read_text())
             assert result["layout"] == expected, (case, result["layout"])
             losses += [result["loss"]] if result["loss"] is not None else []
             for name, grad in result["grads"].items():
+                name = tied.get(name, name)   # a pipeline's copy of a tied weight: the whole weight's gradient
                 grad, ref = torch.tensor(grad), reference_grads[name]
                 relative = float((grad - ref).norm() / ref.norm())
                 assert relative < 1e-6, (case, rank, name, relative)
@@ -116,3 +116,18 @@ def test_gradients_equal_the_full_batch_at_every_split(tmp_path):
         assert seen == set(reference_grads), (case, set(reference_grads) - seen)
         # the step's loss as the loop reports it: the mean over the ranks that have one
         assert abs(sum(losses) / len(losses) - full_loss) < 1e-6 * full_loss, (case, losses, full_loss)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gradients_equal_the_full_batch_at_every_split(tmp_path):
+    full_loss, reference_grads = reference(_config("train.micro_batch_size=8"))
+    tied_loss, tied_grads = reference(_config("train.micro_batch_size=8", *TIED))
+    batch = records()
+    counts = (batch["labels"] != -100).sum(1)
+    assert len(set(counts.tolist())) > 4, counts   # rows hold different counts of targets
+    _cases(0, 1, [c for c, (size, _, _) in CASES.items() if size == 1], str(tmp_path))
+    run_gloo(_cases, 2, [c for c, (size, _, _) in {**CASES, **TIED_CASES}.items() if size == 2], str(tmp_path))
+    _check(tmp_path, CASES, full_loss, reference_grads, {})
+    assert "blocks.head.out.weight" not in tied_grads   # one weight
+    _check(tmp_path, TIED_CASES, tied_loss, tied_grads, {"blocks.head.out.weight": "blocks.embed.tok.weight"})
