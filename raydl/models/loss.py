@@ -21,7 +21,7 @@ from torch import nn
 
 __all__ = ["IGNORE_INDEX", "CHUNK_TOKENS", "LossTerms", "target_count", "loss_terms", "token_mean", "token_cross_entropy",
            "model_loss",
-           "chunked_cross_entropy", "VocabHead", "vocab_head", "logits_out", "chunk_bytes"]
+           "chunked_cross_entropy", "VocabHead", "vocab_head", "head_output", "logits_out", "chunked", "chunk_bytes"]
 
 IGNORE_INDEX = -100
 # Tokens per chunk of logits: at GPT-2's vocabulary (50304) one chunk's fp32 logits are 403 MiB, a twentieth of
@@ -67,11 +67,11 @@ def model_loss(spec_loss: Callable, model: nn.Module) -> Callable[[torch.Tensor,
     built-in token cross-entropy on a model ending in a VocabHead goes chunk by chunk: the head then returns its
     hidden states (set here, once), and the loss reads its projection's weight at each call, where FSDP2 has put
     the gathered one (the last block is not resharded after forward: raydl.parallel.data_parallel)."""
-    head = vocab_head(model)
     if spec_loss is not token_mean:
         return functools.partial(loss_terms, spec_loss)
-    if head is None:
+    if not chunked(spec_loss, model):
         return token_cross_entropy
+    head = vocab_head(model)
     head.hidden_out = True
     return lambda hidden, labels: chunked_cross_entropy(hidden, head.projection(), labels)
 
@@ -93,17 +93,27 @@ def vocab_head(model: nn.Module) -> VocabHead | None:
 
 
 @contextlib.contextmanager
-def logits_out(model: nn.Module) -> Iterator[None]:
-    """The head returns logits inside (evaluation: accuracy needs them), whatever it returns outside."""
+def head_output(model: nn.Module, *, hidden: bool) -> Iterator[None]:
+    """Inside, the head returns hidden states or logits (evaluation: accuracy needs logits), whatever it returns
+    outside."""
     head = vocab_head(model)
     saved = head.hidden_out if head is not None else None
     if head is not None:
-        head.hidden_out = False
+        head.hidden_out = hidden
     try:
         yield
     finally:
         if head is not None:
             head.hidden_out = saved
+
+
+def logits_out(model: nn.Module) -> contextlib.AbstractContextManager:
+    return head_output(model, hidden=False)
+
+
+def chunked(spec_loss: Callable, model: nn.Module) -> bool:
+    """Whether `model_loss` goes chunk by chunk for this loss and model."""
+    return spec_loss is token_mean and vocab_head(model) is not None
 
 
 def chunk_bytes(vocab_size: int, chunk_tokens: int = CHUNK_TOKENS) -> int:
