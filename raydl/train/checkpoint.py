@@ -257,7 +257,15 @@ def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], path: s
     if saved != fingerprint:
         raise CheckpointError(f"checkpoint '{path}' was saved from model {saved} but this run builds {fingerprint}. "
                               f"Fix: resume with the same model.name/model.size and dataset, or start a new run "
-                              f"without --resume.")
+                              f"without --resume.{_untied_gpt2(saved)}")
+
+
+def _untied_gpt2(saved: dict[str, Any]) -> str:
+    if saved.get("name") != "gpt" or saved.get("size") != "gpt2":
+        return ""
+    return (" The gpt2 preset is GPT-2 124M since 2026-11-27 (head tied to the token embedding, vocabulary padded to "
+            "a multiple of 64); a checkpoint of the earlier untied gpt2 (163M with GPT-2's vocabulary) resumes with "
+            "--set model.options.tie_head=false, which builds that model again.")
 
 
 def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, Any]) -> dict[str, Any]:
