@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["IGNORE_INDEX", "CHUNK_TOKENS", "LossTerms", "target_count", "loss_terms", "token_mean", "token_cross_entropy",
-           "model_loss",
-           "chunked_cross_entropy", "VocabHead", "vocab_head", "head_output", "logits_out", "chunked", "chunk_bytes"]
+__all__ = ["IGNORE_INDEX", "CHUNK_TOKENS", "LossTerms", "target_count", "loss_terms", "token_mean",
+           "token_cross_entropy", "model_loss", "chunked_cross_entropy", "VocabHead", "vocab_head", "head_output",
+           "logits_out", "chunked", "chunk_bytes"]
 
 IGNORE_INDEX = -100
 # Tokens per chunk of logits: at GPT-2's vocabulary (50304) one chunk's fp32 logits are 403 MiB, a twentieth of
@@ -73,7 +73,7 @@ def model_loss(spec_loss: Callable, model: nn.Module) -> Callable[[torch.Tensor,
         return token_cross_entropy
     head = vocab_head(model)
     head.hidden_out = True
-    return lambda hidden, labels: chunked_cross_entropy(hidden, head.projection(), labels)
+    return lambda hidden, labels: chunked_cross_entropy(hidden, head.projection(), labels, chunk_tokens=CHUNK_TOKENS)
 
 
 class VocabHead(nn.Module):
