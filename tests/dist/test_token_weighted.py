@@ -119,7 +119,7 @@ def _check(out, cases: dict, full_loss: float, reference_grads: dict[str, torch.
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_gradients_equal_the_full_batch_at_every_split(tmp_path):
     full_loss, reference_grads = reference(_config("train.micro_batch_size=8"))
     tied_loss, tied_grads = reference(_config("train.micro_batch_size=8", *TIED))
