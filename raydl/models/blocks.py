@@ -13,6 +13,10 @@ from torch import nn
 
 
 class BlockModel(nn.Module):
+    # {parameter: the parameter it is tied to}, names as in the whole model: one weight where both blocks are in
+    # one module, two copies kept equal where they are on different pipeline stages (gpt2's head and embedding)
+    tied: dict[str, str] = {}
+
     def __init__(self, blocks: dict[str, nn.Module]):
         super().__init__()
         self.blocks = nn.ModuleDict(blocks)

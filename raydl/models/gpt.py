@@ -1,8 +1,9 @@
 """Decoder-only transformer (GPT-2 style, pre-norm) as blocks: embed, h0..h{n-1}, head.
 
-The head is not tied to the embedding: in a pipeline they live on different stages, and
-tying would need a cross-stage gradient exchange. So the `gpt2` preset has GPT-2 124M's
-body and 163M parameters with GPT-2's 50257-token vocabulary (124M + an untied head).
+The `gpt2` preset is GPT-2 124M as nanoGPT has it (bias=True): its head is tied to the token embedding and its
+vocabulary padded to a multiple of 64 (50257 -> 50304). In a pipeline the tied pair sits on the first and the last
+stage: each holds a copy, their gradients are summed every step (raydl.train.engines, as Megatron does), and a
+checkpoint stores the weight once, under the embedding's name (raydl.train.checkpoint).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from raydl.errors import ConfigError
 from raydl.models.blocks import BlockModel
+from raydl.models.loss import VocabHead, token_mean
 from raydl.models.presets import GPT_SIZES, GptOptions
 from raydl.models.spec import ModelSpec
 
@@ -60,26 +62,59 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class Head(nn.Module):
-    def __init__(self, width: int, vocab_size: int):
-        super().__init__()
-        self.ln = nn.LayerNorm(width)
-        self.out = nn.Linear(width, vocab_size, bias=False)
+class TiedProjection(nn.Embedding):
+    """The head's projection as the token embedding's weight (an Embedding, so that a copy of it, on another pipeline
+    stage, is initialized exactly as the embedding: same seed, same draws)."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__(embedding.num_embeddings, embedding.embedding_dim)
+        self._tied_to = [embedding]   # in a list: not a submodule
+        self.weight = embedding.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))  # (B, T, vocab)
+        return F.linear(x, self.weight)
+
+    def untie(self) -> None:
+        """A weight of its own, equal to the embedding's (a pipeline: the two sit on different stages)."""
+        self.weight = nn.Parameter(self.weight.detach().clone())
+
+    def retie(self, model: nn.Module) -> None:
+        """The embedding's weight again, where `model` holds the embedding too (a materialized whole model)."""
+        if any(m is self._tied_to[0] for m in model.modules()):
+            self.weight = self._tied_to[0].weight
+
+
+class Head(VocabHead):
+    def __init__(self, width: int, vocab_size: int, tied_to: nn.Embedding | None = None):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.out = TiedProjection(tied_to) if tied_to is not None else nn.Linear(width, vocab_size, bias=False)
+
+    def projection(self) -> nn.Module:
+        return self.out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln(x)
+        return x if self.hidden_out else self.out(x)  # (B, T, width) or (B, T, vocab)
 
 
 def build_gpt(size: str, *, vocab_size: int, seq_len: int, dropout: float = 0.0) -> BlockModel:
-    return gpt_blocks(*GPT_SIZES[size], vocab_size=vocab_size, seq_len=seq_len, dropout=dropout)
+    options = GptOptions(size=size)
+    return gpt_blocks(*GPT_SIZES[size], vocab_size=options.vocab_rows(vocab_size), seq_len=seq_len, dropout=dropout,
+                      tied=options.tied)
 
 
-def gpt_blocks(layers: int, width: int, heads: int, *, vocab_size: int, seq_len: int, dropout: float) -> BlockModel:
-    blocks: dict[str, nn.Module] = {"embed": Embedding(vocab_size, seq_len, width, dropout)}
+def gpt_blocks(layers: int, width: int, heads: int, *, vocab_size: int, seq_len: int, dropout: float,
+               tied: bool = False) -> BlockModel:
+    embed = Embedding(vocab_size, seq_len, width, dropout)
+    blocks: dict[str, nn.Module] = {"embed": embed}
     for i in range(layers):
         blocks[f"h{i}"] = TransformerBlock(width, heads, dropout)
-    blocks["head"] = Head(width, vocab_size)
+    blocks["head"] = head = Head(width, vocab_size, tied_to=embed.tok if tied else None)
     model = BlockModel(blocks)
+    if tied:
+        model.init_like = {head.out: embed.tok}   # a pipeline's copy drawn as the embedding (model_build)
+        model.tied = {"blocks.head.out.weight": "blocks.embed.tok.weight"}
     model.apply(_init_weights)
     return model
 
@@ -92,9 +127,7 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def gpt_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy over labelled positions (label -100 = ignored)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+gpt_loss = token_mean   # mean token cross-entropy over labelled positions (label -100 = ignored)
 
 
 def gpt_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
@@ -116,14 +149,15 @@ def _at_least_the_dataset(option: str, given: int, needed: int, what: str) -> in
 
 
 def build(options: GptOptions, meta: dict[str, Any]) -> BlockModel:
-    vocab = _at_least_the_dataset("vocab", options.vocab, meta["vocab_size"], "vocab_size")
+    _at_least_the_dataset("vocab", options.vocab, meta["vocab_size"], "vocab_size")
     context = _at_least_the_dataset("seq_len", options.seq_len, meta["seq_len"], "seq_len")
-    return gpt_blocks(*options.dims(), vocab_size=vocab, seq_len=context, dropout=options.dropout)
+    return gpt_blocks(*options.dims(), vocab_size=options.vocab_rows(meta["vocab_size"]), seq_len=context,
+                      dropout=options.dropout, tied=options.tied)
 
 
 def flops_per_sample(options: GptOptions, meta: dict[str, Any]) -> float:
     layers, width, _ = options.dims()
-    vocab = options.vocab or meta["vocab_size"]
+    vocab = options.vocab_rows(meta["vocab_size"])
     return meta["seq_len"] * gpt_flops_per_token(layers, width, vocab_size=vocab, seq_len=meta["seq_len"])
 
 

@@ -17,8 +17,12 @@ GPT_SIZES = {
     "tiny": (4, 128, 4),     # ~0.8M params + embeddings
     "mini": (6, 256, 8),
     "small": (8, 512, 8),
-    "gpt2": (12, 768, 12),   # GPT-2 124M body
+    "gpt2": (12, 768, 12),   # GPT-2 124M: head tied, vocabulary padded (below)
 }
+# Presets whose head is tied to the token embedding and whose vocabulary (the dataset's, when model.options.vocab
+# is 0) is padded to a multiple of 64, as GPT-2 in nanoGPT (50257 -> 50304 rows: faster matmuls on a GPU).
+TIED_PRESETS = ("gpt2",)
+VOCAB_MULTIPLE = 64
 
 # name: (widths per stage, residual blocks per stage)
 RESNET_SIZES = {
@@ -57,15 +61,30 @@ class GptOptions:
     vocab: int = _option(0, "Vocabulary size (token embedding and head rows), at least the dataset's; 0 = the "
                          "dataset's.")
     dropout: float = _option(0.0, "Dropout probability (set by model.dropout).")
+    tie_head: str = _option("auto", f"Head tied to the token embedding (one weight, GPT-2's), with the vocabulary "
+                            f"padded to a multiple of {VOCAB_MULTIPLE} when vocab is 0: auto = the preset's (yes for "
+                            f"{', '.join(TIED_PRESETS)}, no for the others), true, false.")
 
     def __post_init__(self) -> None:
         _check_size(self.size, GPT_SIZES, "gpt")
         _check_not_negative(layers=self.layers, width=self.width, heads=self.heads, seq_len=self.seq_len,
                             vocab=self.vocab)
+        if self.tie_head not in ("auto", "true", "false"):
+            raise ConfigError("model.options.tie_head", f"is {self.tie_head!r}", "use auto, true or false")
         _, width, heads = self.dims()
         if width % heads:
             raise ConfigError("model.options.width", f"({width}) is not a multiple of the heads ({heads})",
                               "give a width divisible by model.options.heads")
+
+    @property
+    def tied(self) -> bool:
+        return self.size in TIED_PRESETS if self.tie_head == "auto" else self.tie_head == "true"
+
+    def vocab_rows(self, dataset_vocab: int) -> int:
+        """The embedding's rows: model.options.vocab, else the dataset's (padded when tied)."""
+        if self.vocab or not self.tied:
+            return self.vocab or dataset_vocab
+        return -(-dataset_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
     def dims(self) -> tuple[int, int, int]:
         """(layers, width, heads): the preset's, with the overrides applied."""

@@ -39,7 +39,9 @@ class ModelSpec:
     build: Callable[[Any, dict[str, Any]], nn.Module]
     # a batch of column tensors -> (model inputs, targets)
     inputs_targets: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
-    # (outputs, targets) -> scalar loss, the mean over the batch
+    # (outputs, targets) -> the mean over its targets (integer targets not -100, or every element of floating-point
+    # ones), or (sum over them, their count): a step weighs every target of its global batch alike
+    # (raydl.models.loss.loss_terms)
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     # (meta, micro_batch) -> a random input batch, as inputs_targets would give it
     example_inputs: Callable[[dict[str, Any], int], torch.Tensor]

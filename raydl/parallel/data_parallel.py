@@ -45,13 +45,27 @@ def apply_data_parallel(model: nn.Module, *, dp_mesh, wrapper: str, pp_enabled: 
         return model
     # Per-block sharding lets FSDP overlap each block's all-gather with the previous block's compute.
     # Without PP, resharding after forward saves memory; with PP it would all-gather once per micro-batch.
+    # The last block stays gathered (its backward comes next, as torchtitan has it): a chunked loss reads its
+    # vocabulary projection's gathered weight after its forward (raydl.models.loss.model_loss).
     shard = {"mesh": dp_mesh, "reshard_after_forward": not pp_enabled, "mp_policy": mp_policy,
              "offload_policy": offload(cpu_offload, dp_mesh.device_type)}
-    for block in getattr(model, "blocks", {}).values():
-        fully_shard(block, **shard)
-    model = fully_shard(model, **shard)
+    blocks = _unshared(list(getattr(model, "blocks", {}).values()))   # a tied pair: sharded with the root
+    for block in blocks:
+        last = block is blocks[-1]
+        fully_shard(block, **{**shard, "reshard_after_forward": shard["reshard_after_forward"] and not last})
+    # The root holds what no block took alone (a tied pair): gathered until backward, where the loss reads it.
+    model = fully_shard(model, **{**shard, "reshard_after_forward": False})
     materialize(model)
     return model
+
+
+def _unshared(blocks: list[nn.Module]) -> list[nn.Module]:
+    """The blocks that share no parameter with another block (FSDP2 shards a parameter in one group only)."""
+    owners: dict[int, int] = {}
+    for block in blocks:
+        for p in block.parameters():
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [b for b in blocks if all(owners[id(p)] == 1 for p in b.parameters())]
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:

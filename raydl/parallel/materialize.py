@@ -85,6 +85,9 @@ class MetaInit:
                 if module in self.names and any(t is not None for _, t in _direct(module)):
                     if self.source is None or not self.source.fill(module):
                         self._init(module)
+        for module in model.modules():   # to_empty gave each module of a tied pair a tensor of its own
+            if hasattr(module, "retie"):
+                module.retie(model)
         _check_all_set(model, self.names)
 
     def real_copy(self, module: nn.Module, device: torch.device) -> nn.Module:

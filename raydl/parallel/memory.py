@@ -16,7 +16,8 @@ fully_shard; parameters stay fp32 masters in every precision):
     activations  what backward needs, per micro-batch (measured per sample on meta, `raydl.parallel.memory_probe`)
                  x the micro-batches in flight on the rank (the schedule's table, as in the cost model); with
                  activation checkpointing only the blocks' inputs plus one block recomputed; the loss keeps its
-                 log-probabilities and its gradient (the last stage)
+                 log-probabilities and its gradient (the last stage); a loss chunked over the vocabulary (raydl's
+                 gpt and Hugging Face models) keeps the head's hidden states, and one chunk's logits at a time
     step         the optimizer step's temporaries: adamw on a CPU (torch's per-tensor loop) one buffer the size of
                  the largest owned tensor; fused on a GPU none (measured on an H200: benchmarks/results/gpu-memory-*)
 With train.optimizer_in_backward no gradient outlives its parameter's step: grads and step become the gradients
@@ -64,11 +65,15 @@ class ModelMemory:
     """The model as memory sees it: blocks in execution order and what the loss keeps per sample."""
     blocks: tuple[BlockMemory, ...]
     loss_bytes: float = 0.0     # per sample: the loss's saved log-probabilities (its gradient is as large)
+    # a loss over the vocabulary chunk by chunk (raydl.models.loss): `loss_bytes` is what it keeps per sample (the
+    # hidden states, labels, log-sum-exps; no gradient as large), this its one chunk of logits at a time, per rank
+    loss_chunk_bytes: float = 0.0
+    tied_bytes: int = 0   # a tied pair's weight, counted in both blocks: one tensor where one module holds both
     activations_known: bool = True   # False: the meta forward failed, activations count as 0
 
     @property
     def param_bytes(self) -> int:
-        return sum(b.param_bytes for b in self.blocks)
+        return sum(b.param_bytes for b in self.blocks) - self.tied_bytes
 
     @property
     def largest_tensor_bytes(self) -> int:
@@ -161,7 +166,7 @@ def _rank_blocks(model: ModelMemory, pp: int, schedule: str,
 def _rank_parts(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], *, dp: int, pp: int,
                 micro_batch: int, m: int, schedule: str, wrapper: str, setting: Setting) -> tuple[dict[str, int], int]:
     blocks = [b for stage in stages for b in stage]
-    params = sum(b.param_bytes for b in blocks)
+    params = sum(b.param_bytes for b in blocks) - (model.tied_bytes if pp == 1 else 0)
     fsdp = wrapper == "fsdp" and dp > 1
     owned = params / dp if fsdp else params
     bf16 = setting.precision in BF16_COMPUTE
@@ -217,7 +222,9 @@ def _activations(model: ModelMemory, rank: int, stages: list[list[BlockMemory]],
         else:
             kept, transient = sum(b.activation_bytes for b in stage), 0.0
         total += micro_batch * (in_flight * kept + transient) * share
-        if stage[-1] is model.blocks[-1]:   # the loss: log-probabilities kept, and their gradient in backward
+        if stage[-1] is model.blocks[-1] and model.loss_chunk_bytes:   # the loss, chunk by chunk
+            total += micro_batch * model.loss_bytes * in_flight + model.loss_chunk_bytes
+        elif stage[-1] is model.blocks[-1]:   # the loss: log-probabilities kept, and their gradient in backward
             total += micro_batch * model.loss_bytes * (in_flight + 1)
     return total
 

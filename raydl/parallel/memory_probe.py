@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from raydl.models.blocks import BlockModel
+from raydl.models.loss import chunk_bytes, chunked, head_output, vocab_head
 from raydl.models.spec import ModelSpec
 from raydl.parallel.memory import BlockMemory, ModelMemory
 from raydl.parallel.profile import ModelProfile
@@ -29,11 +30,22 @@ def model_memory(model: BlockModel, spec: ModelSpec, meta: dict[str, Any]) -> Mo
     """Per block: fp32 parameter bytes, the largest tensor, and (when the model is on meta and its forward runs
     there) the activation and output bytes of one sample."""
     sizes = [(name, _param_bytes(block), _largest(block)) for name, block in model.blocks.items()]
-    counted = _meta_activations(model, spec, meta) if _on_meta(model) else None
+    tied = sum(_param_bytes(block) for block in model.blocks.values()) - _param_bytes(model)
+    by_chunks = chunked(spec.loss, model)
+    with head_output(model, hidden=by_chunks):   # as the step runs it (raydl.models.loss.model_loss)
+        counted = _meta_activations(model, spec, meta) if _on_meta(model) else None
     if counted is None:
-        return ModelMemory(tuple(BlockMemory(n, p, 0.0, 0.0, t) for n, p, t in sizes), activations_known=False)
+        return ModelMemory(tuple(BlockMemory(n, p, 0.0, 0.0, t) for n, p, t in sizes), activations_known=False,
+                           tied_bytes=tied)
     blocks = tuple(BlockMemory(n, p, act, out, t) for (n, p, t), (act, out) in zip(sizes, counted))
-    return ModelMemory(blocks, loss_bytes=blocks[-1].output_bytes)   # log-probabilities as large as the logits
+    if not by_chunks:
+        return ModelMemory(blocks, loss_bytes=blocks[-1].output_bytes, tied_bytes=tied)   # logits' log-probabilities
+    # Chunk by chunk: the head's hidden states and each token's label and log-sum-exp kept, one chunk's logits
+    # (and their gradient) at a time.
+    tokens = spec.example_inputs(meta, 1).numel()
+    vocab = vocab_head(model).projection().weight.shape[0]
+    return ModelMemory(blocks, loss_bytes=blocks[-1].output_bytes + tokens * (8 + 4),
+                       loss_chunk_bytes=chunk_bytes(vocab), tied_bytes=tied)
 
 
 def from_profile(profile: ModelProfile) -> ModelMemory:

@@ -26,7 +26,7 @@ from raydl.parallel import schedules
 from raydl.parallel.cost_model import balanced_cuts
 from raydl.parallel.layout import Layout
 
-__all__ = ["stage_cuts", "split_stages", "pipeline_model", "forward_chain"]
+__all__ = ["stage_cuts", "split_stages", "pipeline_model", "sum_tied_grads", "forward_chain"]
 
 
 def stage_cuts(layout: Layout, num_blocks: int) -> tuple[int, ...]:
@@ -53,6 +53,9 @@ def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group,
     from torch.distributed.pipelining import PipelineStage
 
     indices = schedules.stage_indices(layout.schedule, layout.pp, pp_rank)
+    for module in model.modules():   # a tied pair sits on two stages: a copy each, kept equal by `sum_tied_grads`
+        if hasattr(module, "untie"):
+            module.untie()
     modules = split_stages(model, stage_cuts(layout, len(model.blocks)), indices)
     num_stages = layout.pp * len(indices)
     stages = []
@@ -61,10 +64,40 @@ def pipeline_model(model: BlockModel, *, layout: Layout, pp_rank: int, pp_group,
         stages.append(PipelineStage(parallelize(module), index, num_stages, device, group=pp_group))
     cls = schedules.get(layout.schedule).torch_class()
     target = stages[0] if len(stages) == 1 else stages
-    schedule = cls(target, n_microbatches=layout.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    # scale_grads=False: loss_fn scales each micro-batch's loss sum itself (by the global target count)
+    schedule = cls(target, n_microbatches=layout.num_microbatches, loss_fn=loss_fn, scale_grads=False)
     # The checkpointed module: the unwrapped blocks (FSDP2 shards them in place), names unchanged.
     holder = BlockModel({name: block for m in modules for name, block in m.blocks.items()})
+    holder.tied = model.tied
     return schedule, stages, holder
+
+
+def sum_tied_grads(model: BlockModel, tied: dict[str, str], *, layout: Layout, pp_rank: int, pp_group) -> None:
+    """Each tied pair's two copies (the first and the last stage's) get the sum of their gradients, so that they
+    stay equal through every optimizer step (Megatron's embedding all-reduce). On one rank (V schedules): added
+    here; on two: exchanged between them over the pipeline group. Under FSDP2 each rank exchanges its shard:
+    the two stages' replicas shard the pair alike."""
+    owner = schedules.stage_ranks(layout.schedule, layout.pp)
+    params = dict(model.named_parameters())
+    for copy, source in tied.items():
+        mine = [params[n].grad for n in (source, copy) if n in params and params[n].grad is not None]
+        if not mine:
+            continue
+        local = [_local(g) for g in mine]
+        if len(local) == 2:
+            local[0].add_(local[1])
+            local[1].copy_(local[0])
+            continue
+        peer = owner[-1] if pp_rank == owner[0] else owner[0]
+        received = torch.empty_like(local[0])
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, local[0], group=pp_group, group_peer=peer),
+                                            dist.P2POp(dist.irecv, received, group=pp_group, group_peer=peer)]):
+            work.wait()
+        local[0].add_(received)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def forward_chain(x: torch.Tensor, stages: list[PipelineStage], *, layout: Layout, pp_rank: int, pp_group,

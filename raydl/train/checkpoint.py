@@ -93,11 +93,40 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
     path.mkdir(parents=True, exist_ok=True)
     with states_one_by_one(optimizer):
         msd, osd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    tied = tied_pairs(model)
+    dcp.save({"model": stored(msd, tied), "optim": stored(osd, tied)}, checkpoint_id=str(path))
     mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / safe_dcp.METADATA_FILE] if rank == 0 else [])
     _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
     if rank == 0:
         _write_atomic(path / STATE_FILE, json.dumps({"format": FORMAT, **state}, indent=1))
+
+
+def tied_pairs(model: nn.Module) -> dict[str, str]:
+    """The model's tied parameters ({copy: source}, BlockModel.tied), inside DDP's wrapper too."""
+    return getattr(getattr(model, "module", model), "tied", {})
+
+
+def _stored_name(key: str, tied: dict[str, str]) -> str:
+    for copy, source in tied.items():
+        if copy in key:   # the parameter's own entry, or its optimizer states' ("state.<name>.exp_avg")
+            return key.replace(copy, source)
+    return key
+
+
+def stored(state: dict[str, Any], tied: dict[str, str]) -> dict[str, Any]:
+    """`state` as a checkpoint holds it: a tied pair once, under its source's name (the embedding's), whichever
+    of the two this rank holds (one module: both names, one tensor; a pipeline's last stage: the copy alone)."""
+    out = {}
+    for key, value in state.items():
+        name = _stored_name(key, tied)
+        if name == key or name not in state:
+            out[name] = value
+    return out
+
+
+def unstored(state: dict[str, Any], read: dict[str, Any], tied: dict[str, str]) -> dict[str, Any]:
+    """`state`'s keys with the values `dcp.load` put into `read` (`stored(state)`)."""
+    return {key: read[_stored_name(key, tied)] for key in state}
 
 
 def upload_shards(local: str | Path, location: str, *, rank: int) -> None:
@@ -236,7 +265,15 @@ def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], path: s
     if saved != fingerprint:
         raise CheckpointError(f"checkpoint '{path}' was saved from model {saved} but this run builds {fingerprint}. "
                               f"Fix: resume with the same model.name/model.size and dataset, or start a new run "
-                              f"without --resume.")
+                              f"without --resume.{_untied_gpt2(saved)}")
+
+
+def _untied_gpt2(saved: dict[str, Any]) -> str:
+    if saved.get("name") != "gpt" or saved.get("size") != "gpt2":
+        return ""
+    return (" The gpt2 preset is GPT-2 124M since 2026-11-27 (head tied to the token embedding, vocabulary padded to "
+            "a multiple of 64); a checkpoint of the earlier untied gpt2 (163M with GPT-2's vocabulary) resumes with "
+            "--set model.options.tie_head=false, which builds that model again.")
 
 
 def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +291,10 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
         options = StateDictOptions() if NESTED_KEY in reader.metadata.state_dict_metadata else FLAT_OPTIMIZER
         with states_one_by_one(optimizer):
             msd, osd = get_state_dict(model, optimizer, options=options)
-        dcp.load({"model": msd, "optim": osd}, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
+        tied = tied_pairs(model)
+        read = {"model": stored(msd, tied), "optim": stored(osd, tied)}
+        dcp.load(read, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
+        msd, osd = unstored(msd, read["model"], tied), unstored(osd, read["optim"], tied)
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=options)
     return state
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from raydl.config import JobConfig
 from raydl.models.blocks import BlockModel
+from raydl.models.loss import logits_out, model_loss, target_count
 from raydl.models.spec import ModelSpec
 from raydl.parallel.compile import CompileStats, apply_compile, choose_compile
 from raydl.parallel.data_parallel import apply_data_parallel
@@ -27,7 +28,7 @@ from raydl.parallel.float8 import apply_float8, check_device
 from raydl.parallel.materialize import MetaInit
 from raydl.parallel.layout import Layout
 from raydl.parallel.mesh import build_mesh, layout_for, needs_profile
-from raydl.parallel.pipeline import forward_chain, pipeline_model
+from raydl.parallel.pipeline import forward_chain, pipeline_model, sum_tied_grads
 from raydl.parallel.memory_probe import model_memory
 from raydl.parallel.profile import memory_budget, shared_profile
 from raydl.train import step as train_step
@@ -62,6 +63,8 @@ class DataParallelEngine:
     def __init__(self, model: BlockModel, layout: Layout, cfg: JobConfig, spec: ModelSpec, session, mesh,
                  init: MetaInit | None = None):
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
+        self.loss = model_loss(spec.loss, model)
+        self.dp_group = mesh["dp"].get_group() if mesh is not None else None
         self.model = apply_data_parallel(model, dp_mesh=mesh["dp"] if mesh is not None else None,
                                          wrapper=layout.dp_wrapper, pp_enabled=False,
                                          materialize=materializer(init, param_device(cfg, self.device)),
@@ -78,9 +81,13 @@ class DataParallelEngine:
         self.in_backward = StepInBackward(optimizer, self.device, units=(list(b.parameters()) for b in blocks))
 
     def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
+        count = target_count(self.spec.inputs_targets(tensors)[1])
+        scale = train_step.loss_scale(count, device=self.device, dp_group=self.dp_group, dp=self.layout.dp)
         batches = train_step.micro_batches(tensors, self.layout.num_microbatches)
-        return train_step.forward_backward(self.model, self.spec, batches, precision=self.precision,
-                                           device=self.device, scaler=scaler, in_backward=self.in_backward)
+        stats = train_step.forward_backward(self.model, self.spec.inputs_targets, self.loss, batches, scale=scale,
+                                            precision=self.precision, device=self.device, scaler=scaler,
+                                            in_backward=self.in_backward)
+        return dataclasses.replace(stats, count=count)
 
     def clip(self, max_norm: float) -> Callable[[], torch.Tensor]:
         if self.in_backward:   # the gradients are gone: their norm was summed as they went by (max_norm is 0)
@@ -88,9 +95,8 @@ class DataParallelEngine:
         return lambda: clip_grad_norm(self.model.parameters(), max_norm)
 
     def evaluate(self, batches, *, precision: str) -> dict[str, Any]:
-        loss_sum, n, correct, counted = train_step.evaluate(self.model, self.spec, batches, precision=precision,
-                                                            device=self.device)
-        return _reduce_eval(loss_sum, n, correct, counted, self.device)
+        totals = train_step.evaluate(self.model, self.spec, batches, precision=precision, device=self.device)
+        return _reduce_eval(totals, self.device)
 
 
 class PipelineEngine:
@@ -100,15 +106,23 @@ class PipelineEngine:
                  init: MetaInit | None = None):
         self.layout, self.spec, self.device, self.precision = layout, spec, session.device, cfg.train.precision
         self.pp_group = mesh["pp"].get_group()
+        self.dp_group = mesh["dp"].get_group() if layout.dp > 1 else None
         self.pp_rank = layout.coords(session.rank)[1]
+        self.tied = dict(model.tied)
+        self.loss_scale = torch.ones((), device=self.device)   # set by each step before its schedule runs
         parallelize = functools.partial(apply_data_parallel, dp_mesh=mesh["dp"], wrapper=layout.dp_wrapper,
                                         pp_enabled=True, materialize=materializer(init, param_device(cfg, self.device)),
                                         precision=self.precision, cpu_offload=cfg.train.cpu_offload)
         self.schedule, self.stages, self.model = pipeline_model(
             model, layout=layout, pp_rank=self.pp_rank, pp_group=self.pp_group, device=self.device,
-            parallelize=parallelize, loss_fn=spec.loss)
+            parallelize=parallelize, loss_fn=self._micro_batch_loss)
         self.is_first = any(s.is_first for s in self.stages)
         self.is_last = any(s.is_last for s in self.stages)
+        self.loss = model_loss(spec.loss, next(s.submod for s in self.stages if s.is_last)) if self.is_last else None
+
+    def _micro_batch_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """What the schedule backpropagates per micro-batch (it does not rescale: scale_grads=False)."""
+        return self.loss(outputs, targets)[0] * self.loss_scale
 
     def parameters(self) -> Iterator[nn.Parameter]:
         return self.model.parameters()
@@ -116,16 +130,20 @@ class PipelineEngine:
     def forward_backward(self, tensors: dict[str, torch.Tensor], *, scaler) -> StepStats:
         assert scaler is None, "fp16 with pp > 1 is refused by mesh.validate"
         losses: list[torch.Tensor] = []
-        inputs, targets = (t.to(self.device) for t in self.spec.inputs_targets(tensors))
-        # Inputs only where the first stage is, targets only where the last is. scale_grads=True divides
-        # by m: the gradient of the mean micro-batch loss, as in plain DP.
+        inputs, targets = self.spec.inputs_targets(tensors)
+        if self.is_last:   # the last stages' dp group: every replica's last stage
+            self.loss_scale = train_step.loss_scale(target_count(targets), device=self.device,
+                                                    dp_group=self.dp_group, dp=self.layout.dp)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        # Inputs only where the first stage is, targets only where the last is.
         args = (inputs,) if self.is_first else ()
         with autocast(self.precision, self.device):
             self.schedule.step(*args, target=targets if self.is_last else None,
                                losses=losses if self.is_last else None, return_outputs=False)
+        sum_tied_grads(self.model, self.tied, layout=self.layout, pp_rank=self.pp_rank, pp_group=self.pp_group)
         if not self.is_last:
             return StepStats(loss=0.0, has_loss=False)
-        return StepStats(loss=torch.stack(losses).detach().mean())
+        return StepStats(loss=torch.stack(losses).detach().sum())
 
     def clip(self, max_norm: float) -> Callable[[], torch.Tensor]:
         # Stages hold disjoint parameters: squared norms add up over the pipeline group.
@@ -135,26 +153,26 @@ class PipelineEngine:
     def evaluate(self, batches, *, precision: str) -> dict[str, Any]:
         """Forward-only, batch by batch; loss and accuracy on the last stage, reduced over all ranks."""
         self.model.eval()
-        totals = [0.0, 0, 0, 0]  # loss sum, batches, correct, counted
-        for batch in batches:
-            inputs, targets = (t.to(self.device) for t in self.spec.inputs_targets(batch))
-            with autocast(precision, self.device):
-                out = forward_chain(inputs, self.stages, layout=self.layout, pp_rank=self.pp_rank,
-                                    pp_group=self.pp_group, device=self.device)
-            if self.is_last:
-                c, k = self.spec.count_correct(out, targets)
-                totals = [totals[0] + float(self.spec.loss(out, targets)), totals[1] + 1, totals[2] + c,
-                          totals[3] + k]
+        totals = [0.0, 0, 0, 0, 0]  # as train_step.evaluate's
+        with logits_out(self.model):
+            for batch in batches:
+                inputs, targets = (t.to(self.device) for t in self.spec.inputs_targets(batch))
+                with autocast(precision, self.device):
+                    out = forward_chain(inputs, self.stages, layout=self.layout, pp_rank=self.pp_rank,
+                                        pp_group=self.pp_group, device=self.device)
+                if self.is_last:
+                    totals = train_step.add_eval(totals, self.spec, out, targets)
         self.model.train()
-        return _reduce_eval(*totals, self.device)
+        return _reduce_eval(totals, self.device)
 
 
-def _reduce_eval(loss_sum: float, n: int, correct: int, counted: int, device: torch.device) -> dict[str, Any]:
-    t = torch.tensor([loss_sum, n, correct, counted], dtype=torch.float64, device=device)
+def _reduce_eval(totals: list[float], device: torch.device) -> dict[str, Any]:
+    """The loss over every target token of the evaluation (a token-weighted mean, as in training)."""
+    t = torch.tensor(totals, dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(t)
-    loss_sum, n, correct, counted = t.tolist()
-    return {"loss": loss_sum / max(n, 1), "accuracy": correct / counted if counted else None, "batches": int(n)}
+    loss_sum, count, n, correct, counted = t.tolist()
+    return {"loss": loss_sum / max(count, 1), "accuracy": correct / counted if counted else None, "batches": int(n)}
 
 
 def param_device(cfg: JobConfig, device: torch.device) -> torch.device:

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from raydl.models.loss import logits_out, loss_terms
 from raydl.models.spec import ModelSpec
 from raydl.parallel.data_parallel import gradient_sync
 from raydl.telemetry.profiler import phase
@@ -20,11 +22,13 @@ from raydl.train.precision import autocast
 
 @dataclass
 class StepStats:
-    # Mean training loss over this rank's micro-batches (last stage with PP), still on the device: the step
+    # This rank's share of the step's loss (the sum of its target tokens' losses times the step's scale, see
+    # `forward_backward`; the mean over the ranks that have one is the step's loss), still on the device: the step
     # clock reads it with the grad norm at the next report (raydl.telemetry.step_clock), so that no step waits
     # for the GPU and the next step's kernels queue behind this one's optimizer.
     loss: torch.Tensor | float
     has_loss: bool = True  # False on pipeline stages that never see the loss
+    count: torch.Tensor | float = 0.0   # this rank's target tokens (the survivors path weighs replicas by it)
 
 
 def micro_batches(tensors: dict[str, torch.Tensor], num: int) -> list[dict[str, torch.Tensor]]:
@@ -32,23 +36,37 @@ def micro_batches(tensors: dict[str, torch.Tensor], num: int) -> list[dict[str, 
     return [{k: v[i] for k, v in chunks.items()} for i in range(num)]
 
 
-def forward_backward(model: nn.Module, spec: ModelSpec, batches: list[dict[str, torch.Tensor]], *,
-                     precision: str, device: torch.device, scaler, in_backward: StepInBackward | None = None) -> StepStats:
-    """`in_backward`: the optimizer steps each parameter during the last micro-batch's backward."""
-    losses = []
+def loss_scale(local_count: torch.Tensor, *, device: torch.device, dp_group=None, dp: int = 1) -> torch.Tensor:
+    """What each micro-batch's loss sum is multiplied by before backward, so that the gradient is that of the sum
+    over the GLOBAL batch's target tokens over their count, whatever its split (FINETUNE_NOTES: per-rank means
+    weigh a token by its rank's count). The count all-reduced once per step over `dp_group` (from the targets,
+    before any forward); times `dp` because the data-parallel wrapper averages gradients over the replicas.
+    Without a group: this rank's count (one worker, or the survivors path, which reweighs in its all-reduce)."""
+    count = local_count.to(device=device, dtype=torch.float32)
+    if dp_group is None:
+        return 1.0 / count.clamp(min=1)
+    dist.all_reduce(count, group=dp_group)
+    return dp / count.clamp(min=1)
+
+
+def forward_backward(model: nn.Module, inputs_targets, loss_fn, batches: list[dict[str, torch.Tensor]], *,
+                     scale: torch.Tensor, precision: str, device: torch.device, scaler,
+                     in_backward: StepInBackward | None = None) -> StepStats:
+    """`loss_fn`: (outputs, targets) -> (sum, count) (raydl.models.loss.model_loss); `scale`: `loss_scale`'s.
+    `in_backward`: the optimizer steps each parameter during the last micro-batch's backward."""
+    total = torch.zeros((), device=device)
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         if in_backward:
             in_backward.armed = last
-        inputs, targets = (t.to(device, non_blocking=True) for t in spec.inputs_targets(batch))
+        inputs, targets = (t.to(device, non_blocking=True) for t in inputs_targets(batch))
         with gradient_sync(model, enabled=last), autocast(precision, device), phase("forward"):
-            loss = spec.loss(model(inputs), targets)
-        # Mean over micro-batches here, mean over replicas in the DP all-reduce: the full-batch gradient.
-        scaled = loss / len(batches)
+            loss_sum, _ = loss_fn(model(inputs), targets)
+        scaled = loss_sum * scale
         with phase("backward"):
             (scaler.scale(scaled) if scaler else scaled).backward()
-        losses.append(loss.detach())
-    return StepStats(loss=torch.stack(losses).mean())
+        total += scaled.detach()
+    return StepStats(loss=total)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler, *, clip) -> torch.Tensor:
@@ -67,17 +85,23 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler, *, clip) -> torch.T
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, spec: ModelSpec, batches, *, precision: str, device: torch.device) -> tuple[float, int, int, int]:
-    """(sum of batch losses, number of batches, correct, counted) on this rank."""
+def evaluate(model: nn.Module, spec: ModelSpec, batches, *, precision: str, device: torch.device) -> list[float]:
+    """[sum of target losses, targets, batches, correct, counted] on this rank; the head returns logits here."""
     was_training = model.training
     model.eval()
-    loss_sum, n, correct, counted = 0.0, 0, 0, 0
-    for batch in batches:
-        inputs, targets = (t.to(device) for t in spec.inputs_targets(batch))
-        with autocast(precision, device):
-            out = model(inputs)
-        loss_sum += float(spec.loss(out, targets))
-        c, k = spec.count_correct(out, targets)
-        n, correct, counted = n + 1, correct + c, counted + k
+    totals = [0.0, 0, 0, 0, 0]
+    with logits_out(model):
+        for batch in batches:
+            inputs, targets = (t.to(device) for t in spec.inputs_targets(batch))
+            with autocast(precision, device):
+                out = model(inputs)
+            totals = add_eval(totals, spec, out, targets)
     model.train(was_training)
-    return loss_sum, n, correct, counted
+    return totals
+
+
+def add_eval(totals: list[float], spec: ModelSpec, outputs: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    loss_sum, count = loss_terms(spec.loss, outputs, targets)
+    correct, counted = spec.count_correct(outputs, targets)
+    return [totals[0] + float(loss_sum), totals[1] + int(count), totals[2] + 1, totals[3] + correct,
+            totals[4] + counted]

@@ -146,23 +146,19 @@ class Survivors:
         return state, batch
 
     def average(self, stats: StepStats) -> StepStats | None:
-        """Mean gradients and loss over the live replicas, in one all-reduce. None: the step is discarded
-        (a peer failed during it); its rows are taken again after the next quorum."""
+        """Gradients and loss of the live replicas' whole batch, token-weighted, in one all-reduce: each replica
+        computed its mean over its own targets; weighted back by its count (the sum), averaged, and divided by the
+        averaged count, the result is the sum over every target of the step over their number (FINETUNE_NOTES).
+        None: the step is discarded (a peer failed during it); its rows are taken again after the next quorum."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([*(p.grad.reshape(-1) for p in params),
-                          torch.as_tensor(stats.loss, dtype=params[0].grad.dtype, device=params[0].device).reshape(1)])
+        flat = weighed(params, stats)
         self.manager.allreduce(flat).wait()
         if not self.manager.should_commit():
             self._planned = None
             self._record.discarded()
             self.optimizer.zero_grad(set_to_none=True)
             return None
-        for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
-            p.grad.copy_(g.view_as(p.grad))
-        return replace(stats, loss=flat[-1].clone())   # a view would keep the gradients' copy until the report
+        return replace(stats, loss=unweigh(params, flat))
 
     def committed(self, state: dict[str, Any]) -> None:
         """The step is done: `state` is what a newcomer copies from now on."""
@@ -289,6 +285,27 @@ class _QuorumMembers:
 
     def __getattr__(self, name: str):
         return getattr(self.client, name)
+
+
+def weighed(params: list[torch.nn.Parameter], stats: StepStats) -> torch.Tensor:
+    """What a replica sends to the average: its gradients and loss (means over its own targets) times its count of
+    targets, then that count."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    device, dtype = params[0].device, params[0].grad.dtype
+    count = torch.as_tensor(stats.count, dtype=dtype, device=device).reshape(1)
+    flat = torch.cat([*(p.grad.reshape(-1) for p in params),
+                      torch.as_tensor(stats.loss, dtype=dtype, device=device).reshape(1)])
+    return torch.cat([flat.mul_(count.clamp(min=1)), count])
+
+
+def unweigh(params: list[torch.nn.Parameter], averaged: torch.Tensor) -> torch.Tensor:
+    """The replicas' average of `weighed` over their average count: gradients into `params`, the loss returned."""
+    flat = averaged[:-1] / averaged[-1:].clamp(min=torch.finfo(averaged.dtype).tiny)   # no targets: all zero
+    for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
+        p.grad.copy_(g.view_as(p.grad))
+    return flat[-1].clone()   # a view would keep the gradients' copy until the report reads the loss
 
 
 def _without_flight_recorder_warning(record: logging.LogRecord) -> bool:

@@ -1,4 +1,6 @@
-"""Checkpoints are layout-agnostic: a run trained at pp=2 (zbv) loads at pp=1, at dp=2 x pp=1 and at pp=2 (gpipe)."""
+"""Checkpoints are layout-agnostic: a run trained at pp=2 (zbv) loads at pp=1, at dp=2 x pp=1 and at pp=2 (gpipe).
+Its head is tied to the embedding (gpt2's): stored once, under the embedding's name, whichever stage wrote it, and
+read back into one weight (pp=1) or into both stages' copies (pp=2)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from raydl.train.optim import build_optimizer
 from tests.helpers import run_gloo
 
 STEPS = 4
+TIED = {"blocks.head.out.weight": "blocks.embed.tok.weight"}
 
 
 def _train(rank: int, world_size: int, overrides: list[str], data_path: str, run_dir: str) -> None:
@@ -47,19 +50,22 @@ def _load_and_compare(rank: int, world_size: int, overrides: list[str], data_pat
     optimizer = build_optimizer(engine.parameters(), cfg.train)
     ckpt.load(path, engine.model, optimizer, fingerprint)
     saved = torch.load(full_pt, weights_only=False)["model"]
-    names = [n for n, _ in engine.model.named_parameters()]
-    assert names and set(names) <= set(saved)
+    names = [TIED.get(n, n) for n, _ in engine.model.named_parameters()]
+    assert names and set(names) <= set(saved) and not set(TIED) & set(saved)   # the tied pair stored once
     for name, p in engine.model.named_parameters():
         value = p.full_tensor() if isinstance(p, DTensor) else p
-        torch.testing.assert_close(value.detach(), saved[name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(value.detach(), saved[TIED.get(name, name)], rtol=0, atol=0, msg=name)
+    blocks = getattr(engine.model, "module", engine.model).blocks
+    if "head" in blocks and "embed" in blocks and engine.layout.pp == 1:
+        assert blocks["head"].out.weight is blocks["embed"].tok.weight
     assert optimizer.state, "optimizer state (AdamW moments) was loaded too"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_pp2_checkpoint_loads_at_pp1_dp2_and_other_schedule(tiny_overrides, tmp_path):
     base = [o for o in tiny_overrides if not o.startswith(("train.max_steps", "checkpoint.every_steps"))]
-    base += [f"train.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}"]
+    base += [f"train.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}", "model.options.tie_head=true"]
     cfg = load_config(None, base)
     data_path = str(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)).resolve())
     run_dir = tmp_path / "run"

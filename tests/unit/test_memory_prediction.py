@@ -3,13 +3,17 @@ and the refusal of a layout that cannot fit, with its numbers and the layouts th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from raydl.config import JobConfig
 from raydl.errors import LayoutError
 from raydl.models.build import SkipWeightInit
-from raydl.models.gpt import gpt_blocks, spec as gpt_spec
+from raydl.models.gpt import build_gpt, gpt_blocks, spec as gpt_spec
+from raydl.models.loss import chunk_bytes
+from raydl.parallel import memory
 from raydl.overrides import load_config
 from raydl.parallel.memory import RUNTIME_BYTES, BlockMemory, ModelMemory, Setting, build_bytes, predict
 from raydl.parallel.memory_probe import model_memory
@@ -132,7 +136,27 @@ def test_the_meta_probe_counts_parameters_and_per_sample_activations():
     assert counted.activations_known and counted.param_bytes == 4 * sum(p.numel() for p in model.parameters())
     h0 = counted.blocks[1]
     assert h0.output_bytes == 16 * 64 * 4 and h0.activation_bytes > 10 * h0.output_bytes
-    assert counted.loss_bytes == 16 * 100 * 4 and counted.largest_tensor_bytes == 64 * 256 * 4   # an MLP weight
+    assert counted.largest_tensor_bytes == 64 * 256 * 4   # an MLP weight
+    # the loss goes chunk by chunk: the head's hidden states, labels and log-sum-exps per sample, one chunk of logits
+    assert counted.loss_bytes == 16 * 64 * 4 + 16 * (8 + 4) and counted.loss_chunk_bytes == chunk_bytes(100)
+    assert counted.blocks[-1].output_bytes == 16 * 64 * 4   # the head hands back hidden states to the loss
+    whole = model_memory(model, dataclasses.replace(gpt_spec, loss=lambda out, y: gpt_spec.loss(out, y)),
+                         {"vocab_size": 100, "seq_len": 16})   # a loss of the user's: the logits, whole
+    assert whole.loss_bytes == 16 * 100 * 4 and whole.loss_chunk_bytes == 0
+
+
+def test_a_chunked_loss_predicts_less_than_whole_logits_at_gpt2_shape():
+    """GPT-2 124M, 16 x 1024 tokens: whole fp32 logits and their gradient (2 x 3.1 GiB) against one chunk's."""
+    meta = {"vocab_size": 50257, "seq_len": 1024}
+    with torch.device("meta"), SkipWeightInit():
+        model = build_gpt("gpt2", vocab_size=50257, seq_len=1024)
+    chunked_model = model_memory(model, gpt_spec, meta)
+    whole = model_memory(model, dataclasses.replace(gpt_spec, loss=lambda out, y: gpt_spec.loss(out, y)), meta)
+    assert chunked_model.param_bytes == 4 * 124_475_904 == 4 * sum(p.numel() for p in model.parameters())
+    saved = [memory.predict(whole, dp=1, pp=1, micro_batch=16).parts["activations"]
+             - memory.predict(chunked_model, dp=1, pp=1, micro_batch=16).parts["activations"]]
+    logits = 16 * 1024 * 50304 * 4
+    assert 2 * logits - chunk_bytes(50304) - 16 * 1024 * 12 <= saved[0] <= 2 * logits, saved
 
 
 def test_raydl_train_refuses_a_layout_that_cannot_fit_before_any_worker_starts(tmp_path, data_cache, capsys,

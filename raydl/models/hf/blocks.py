@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from raydl.models.loss import VocabHead
+
 __all__ = ["block_modules"]
 
 
@@ -77,13 +79,17 @@ def _is_sliding(config, index: int) -> bool:
     return getattr(config, "sliding_window", None) is not None
 
 
-class Head(nn.Module):
+class Head(VocabHead):
     def __init__(self, norm: nn.Module, lm_head: nn.Linear):
         super().__init__()
         self.norm, self.lm_head = norm, lm_head
 
+    def projection(self) -> nn.Linear:
+        return self.lm_head
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))   # (B, S, vocab)
+        hidden = self.norm(hidden)
+        return hidden if self.hidden_out else self.lm_head(hidden)   # (B, S, hidden) or (B, S, vocab)
 
 
 def block_modules(model: nn.Module) -> dict[str, nn.Module]:
