@@ -14,7 +14,6 @@ each answer), at --max-new-tokens, or at the model's last position.
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,29 +151,23 @@ def exact_match(generator: Generator, path: str, *, max_new_tokens: int, limit: 
     """Greedy answers to held-out records (prompt-response or chat, the last assistant turn being the expected
     answer) against their expected text, compared with surrounding whitespace stripped."""
 
+    from raydl.data.prepare_records import jsonl_records
+
     matched = ended = total = too_long = 0
     examples = []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if limit and total >= limit:
-                break
-            where = f"'{path}' line {lineno}"
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{where} is not valid JSON ({e}). Fix: repair or remove that line.") from None
-            prompt, expected = _prompt_and_answer(record, where)
-            total += 1
-            if len(generator.encode(prompt)) >= generator.max_positions:
-                too_long += 1      # no room to answer: a miss
-                continue
-            answer = generator.answer(prompt, max_new_tokens=max_new_tokens)
-            matched += answer.text.strip() == expected.strip()
-            ended += answer.ended
-            if len(examples) < 3:
-                examples.append({"expected": expected, "answer": answer.text, "ended": answer.ended})
+    for where, record, _ in jsonl_records(path):
+        if limit and total >= limit:
+            break
+        prompt, expected = _prompt_and_answer(record, where)
+        total += 1
+        if len(generator.encode(prompt)) >= generator.max_positions:
+            too_long += 1      # no room to answer: a miss
+            continue
+        answer = generator.answer(prompt, max_new_tokens=max_new_tokens)
+        matched += answer.text.strip() == expected.strip()
+        ended += answer.ended
+        if len(examples) < 3:
+            examples.append({"expected": expected, "answer": answer.text, "ended": answer.ended})
     if not total:
         raise DataError(f"'{path}' holds no records. Fix: pass a JSON-lines file of held-out records.")
     return {"records": total, "exact_match": matched / total, "ended_with_end_token": ended / total,

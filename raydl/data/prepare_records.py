@@ -245,29 +245,36 @@ def row(tokens: Tokenized, fmt: RecordFormat, counts: Counts, where: str) -> tup
     return ids[:-1], labels
 
 
+def jsonl_records(path: Path | str) -> Iterator[tuple[str, Any, int]]:
+    """(where, record, bytes read) for each non-blank line of a JSON-lines file; `where` names the file and line for
+    an error paragraph. A line that is not JSON is refused here."""
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"'{path}' line {lineno}"
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise DataError(f"{where} is not valid JSON ({e}). Fix: repair or remove that line.") from None
+            yield where, record, len(line)
+
+
 def record_rows(files: list[Path], encoder: RecordEncoder, fmt: RecordFormat, counts: Counts,
                 progress: Progress) -> Iterator[pa.Table]:
     """One row per record of the jsonl files, BATCH_RECORDS records a table."""
     inputs, labels = [], []
     for path in files:
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                progress.update(nbytes=len(line))
-                if not line.strip():
-                    continue
-                where = f"'{path}' line {lineno}"
-                try:
-                    record = json.loads(line)
-                except ValueError as e:
-                    raise DataError(f"{where} is not valid JSON ({e}). Fix: repair or remove that line.") from None
-                counts.records += 1
-                one = row(encoder.encode(record, where), fmt, counts, where)
-                if one is not None:
-                    inputs.append(one[0])
-                    labels.append(one[1])
-                if len(inputs) >= BATCH_RECORDS:
-                    yield records_table(inputs, labels)
-                    inputs, labels = [], []
+        for where, record, nbytes in jsonl_records(path):
+            progress.update(nbytes=nbytes)
+            counts.records += 1
+            one = row(encoder.encode(record, where), fmt, counts, where)
+            if one is not None:
+                inputs.append(one[0])
+                labels.append(one[1])
+            if len(inputs) >= BATCH_RECORDS:
+                yield records_table(inputs, labels)
+                inputs, labels = [], []
         progress.update(files=1)
     if inputs:
         yield records_table(inputs, labels)
