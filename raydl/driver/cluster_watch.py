@@ -46,7 +46,7 @@ def raylet_answers(node: dict, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 
 
 def cluster_lost_message(run_dir: str, address: str | None, cause: str) -> str:
-    from raydl.driver.prepare import checkpoints_location
+    from raydl.driver.run_location import checkpoints_location
     from raydl.train import checkpoint as ckpt
 
     where = f"the Ray cluster at {address}" if address else "this process's local Ray"

@@ -115,7 +115,7 @@ def ended_result(run_dir, failure: tuple[int, Exception, str] | None):
     from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
     from ray.train.v2.api.result import Result
 
-    from raydl.driver.prepare import checkpoints_location
+    from raydl.driver.run_location import checkpoints_location
     from raydl.train import checkpoint as ckpt
 
     location = checkpoints_location(str(run_dir))

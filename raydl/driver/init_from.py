@@ -56,7 +56,7 @@ def resolve(cfg: JobConfig, model, meta: dict[str, Any]) -> str | None:
     path = cfg.train.init_from
     if not path or is_hf_dir(path):
         return None
-    from raydl.driver.prepare import checkpoints_location   # here: prepare imports this module
+    from raydl.driver.run_location import checkpoints_location
     from raydl.errors import CheckpointError
     from raydl.train import checkpoint as ckpt
     from raydl.train import safe_dcp

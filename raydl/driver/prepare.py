@@ -11,7 +11,6 @@ import dataclasses
 import json
 import logging
 import os
-import posixpath
 import shutil
 import time
 import uuid
@@ -25,7 +24,8 @@ from raydl import storage
 from raydl.config import JobConfig, default_run_dir
 from raydl.driver import init_from
 from raydl.driver import resume as resume_record
-from raydl.metrics import run_mirror, tensorboard, trackers
+from raydl.driver.run_location import RUN_ID_FILE, checkpoints_location, read_run_id
+from raydl.metrics import tensorboard, trackers
 from raydl.errors import ConfigError
 from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
@@ -39,7 +39,6 @@ from raydl.parallel.profile import memory_budget
 from raydl.telemetry.cost import Pricing
 
 
-RUN_ID_FILE = "run_id"
 
 log = logging.getLogger(__name__)
 
@@ -131,33 +130,6 @@ def claim_run_dir(run_dir: Path, cfg: JobConfig, *, reuse_same_config: bool, wri
     run_id = uuid.uuid4().hex[:12]
     (run_dir / RUN_ID_FILE).write_text(run_id)
     return run_id
-
-
-def checkpoint_storage(cfg: JobConfig, run_dir: Path, run_id: str) -> tuple[str, str]:
-    """(storage_path, name) of Ray Train's RunConfig: a run's checkpoints go to storage_path/name/step_N."""
-    return storage.run_checkpoints(cfg.checkpoint.storage_path, run_dir, run_id)
-
-
-def checkpoints_location(path: str) -> str:
-    """Where the run directory `path` keeps its checkpoints (storage_path/<run>-<run id> for a Ray Train run with
-    checkpoint.storage_path, which may be a URI), or `path` itself (a checkpoint, a URI, a run without one, or
-    one whose checkpoints are in it: torchrun and 1-worker sweep trials write them there)."""
-    if storage.is_uri(path):   # a run's record in a bucket (raydl.metrics.run_mirror) is beside its checkpoints
-        return posixpath.dirname(path.rstrip("/")) if posixpath.basename(path.rstrip("/")) == run_mirror.FOLDER else path
-    run_dir = Path(path)
-    if not (run_dir / "config.yaml").is_file() or any(run_dir.glob("train/step_*")):
-        return path
-    from raydl.overrides import load_config
-
-    cfg = load_config(str(run_dir / "config.yaml"), [])
-    if not cfg.checkpoint.storage_path:
-        return path
-    return storage.join(*checkpoint_storage(cfg, run_dir, read_run_id(run_dir)))
-
-
-def read_run_id(run_dir: Path) -> str:
-    path = run_dir / RUN_ID_FILE
-    return path.read_text().strip() if path.is_file() else run_dir.name
 
 
 def remove_if_never_started(run_dir: Path) -> bool:

@@ -18,8 +18,8 @@ from raydl import storage
 from raydl.config import JobConfig
 from raydl.driver.cluster_watch import ClusterWatch, cluster_lost_message
 from raydl.driver.ray_output import RAY_LOG, route_to
-from raydl.driver.prepare import (PreparedRun, checkpoint_storage, checkpoints_location, prepare_run,
-                                  remove_if_never_started)
+from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
+from raydl.driver.run_location import checkpoint_storage, checkpoints_location
 from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
 from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop

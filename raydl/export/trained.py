@@ -62,7 +62,7 @@ def find_trained(source: str, *, config: str | None = None) -> Trained:
 
 def find_checkpoint(source: str) -> Path | str:
     """`source` itself when it is a checkpoint (refused if damaged), else its newest usable one."""
-    from raydl.driver.prepare import checkpoints_location
+    from raydl.driver.run_location import checkpoints_location
 
     path = checkpoints_location(source)
     fs, inside = storage.check(path, "export source")

@@ -17,7 +17,7 @@ from raydl import storage
 from raydl.errors import one_line
 
 PUSH_EVERY_S = 30.0
-# run_id: raydl.driver.prepare.RUN_ID_FILE; dataset.json: raydl.driver.resume.DATASET_FILE
+# run_id: raydl.driver.run_location.RUN_ID_FILE; dataset.json: raydl.driver.resume.DATASET_FILE
 FILES = ("config.yaml", "run_id", "dataset.json", "metrics.jsonl", "summary.json")
 FOLDER = "run"
 

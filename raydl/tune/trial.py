@@ -34,7 +34,8 @@ def run_trial(params: dict[str, Any], *, sweep: dict[str, Any], sweep_dir: str, 
     working directory; Tune runs trials in their own)."""
     from ray import tune
 
-    from raydl.driver.prepare import checkpoints_location, prepare_run
+    from raydl.driver.prepare import prepare_run
+    from raydl.driver.run_location import checkpoints_location
     from raydl.models.registry import search_from
 
     raydl_log.configure()   # the driver's verbosity, from RAYDL_VERBOSITY in the runtime env

@@ -153,7 +153,7 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     with the survivor's error (raydl.driver.finished_watch), not never. Meanwhile the survivor went on
     checkpointing alone every 5 steps (Ray's report would wait for the missing worker), keeping
     `checkpoint.keep` of those: the run's newest checkpoint is step 95, not the last one before the loss."""
-    from raydl.driver.prepare import checkpoints_location
+    from raydl.driver.run_location import checkpoints_location
     from raydl.train import checkpoint as ckpt
 
     cluster.resize(1)

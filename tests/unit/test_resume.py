@@ -15,7 +15,8 @@ import torch
 from raydl import commands
 from raydl.cli import main as cli_main
 from raydl.driver import resume
-from raydl.driver.prepare import checkpoints_location, prepare_run
+from raydl.driver.prepare import prepare_run
+from raydl.driver.run_location import checkpoints_location
 from raydl.errors import CheckpointError, ConfigError
 from raydl.models.build import SkipWeightInit
 from raydl.models.choice import choose_model
