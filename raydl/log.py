@@ -68,7 +68,19 @@ def configure(verbosity: int | None = None) -> int:
     logger.setLevel(_LEVELS[verbosity])
     # Ray installs handlers on the root logger: propagating would print every line twice.
     logger.propagate = False
+    quiet_libraries(verbosity)
     return verbosity
+
+
+# What libraries log at import that no raydl user acts on, shown with -v only: torchao (imported by transformers'
+# quantizers whenever it is installed, for train.precision=fp8) warns for each CUDA kernel library a CPU build cannot
+# load, and torch's pytree warns that torchao registers its enums the deprecated way.
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
+def quiet_libraries(verbosity: int) -> None:
+    for name in _IMPORT_NOISE:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbosity >= VERBOSE else logging.ERROR)
 
 
 def ensure_configured() -> None:

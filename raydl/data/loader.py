@@ -50,8 +50,10 @@ class StepBatch:
 
 def to_tensors(rows: pa.Table | list[Piece], meta: dict) -> dict[str, torch.Tensor]:
     """Every tensor column (raydl.data.columns) of `rows` (a table, or a step's pieces) as a tensor; a
-    variable-length list column padded to the batch's longest row, with its `<column>_mask`. Columns no model
-    can read (strings, structs) are left out."""
+    variable-length list column padded to the dataset's seq_len (or its longest row, if longer or the dataset
+    has none), with its `<column>_mask`: every step then has the same shapes, which pipeline stages (their
+    point-to-point buffers are sized at the first step), compiled blocks (one graph) and the memory prediction need.
+    Columns no model can read (strings, structs) are left out."""
     pieces = [Piece.whole(rows)] if isinstance(rows, pa.Table) else rows
     schema, out, table = pieces[0].source.table.schema, {}, None
     for name, kind in zip(schema.names, schema.types):
@@ -60,7 +62,7 @@ def to_tensors(rows: pa.Table | list[Piece], meta: dict) -> dict[str, torch.Tens
             continue
         if shape == [VARIABLE]:
             table = concat(pieces) if table is None else table    # once, however many such columns
-            out[name], out[name + MASK_SUFFIX] = _padded(table.column(name).combine_chunks())
+            out[name], out[name + MASK_SUFFIX] = _padded(table.column(name).combine_chunks(), meta.get("seq_len", 0))
         else:
             out[name] = torch.from_numpy(gather(pieces, name))
     if "image" in out:
@@ -68,11 +70,11 @@ def to_tensors(rows: pa.Table | list[Piece], meta: dict) -> dict[str, torch.Tens
     return out
 
 
-def _padded(col: pa.Array) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, longest) values, zero after each row's end, and the bool mask of the real ones."""
+def _padded(col: pa.Array, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, max(width, longest)) values, zero after each row's end, and the bool mask of the real ones."""
     lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
     values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-    mask = np.arange(int(lengths.max(initial=0)))[None, :] < lengths[:, None]
+    mask = np.arange(max(width, int(lengths.max(initial=0))))[None, :] < lengths[:, None]
     padded = np.zeros(mask.shape, dtype=values.dtype)
     padded[mask] = values      # row-major: each row's values fill its first `length` places
     return torch.from_numpy(padded), torch.from_numpy(mask)

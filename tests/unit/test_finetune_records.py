@@ -152,10 +152,12 @@ def test_batches_are_padded_with_a_mask_and_padding_learns_nothing(tmp_path, tok
     records = [{"prompt": "one", "response": "two"}, {"prompt": "one plus two plus three", "response": "six"}] * 9
     root, _ = prep(tmp_path, tok_dir, records, format="prompt-response")
     table = pa.concat_tables([pq.read_table(p) for p in sorted(root.glob("train-*.parquet"))]).slice(0, 2)
-    batch = to_tensors(table, open_dataset(str(root)).meta)
+    meta = open_dataset(str(root)).meta
+    batch = to_tensors(table, meta)
     inputs, labels = tokens(batch)
     lengths = batch["input_ids_mask"].sum(1)
-    assert inputs.shape[1] == int(lengths.max()) and int(lengths.min()) < inputs.shape[1]
+    # every batch padded to the dataset's seq_len: the same shapes at every step (pipeline stages, compiled blocks)
+    assert inputs.shape[1] == meta["seq_len"] > int(lengths.max()) > int(lengths.min())
     short = int(lengths.argmin())
     assert (labels[short, int(lengths[short]):] == -100).all()
     assert labels[short, int(lengths[short]) - 1] == load_tokenizer_dir(tok_dir).eos_token_id
