@@ -7,6 +7,8 @@ raydl.bench.fault_cluster.poll and raydl.bench.procs.kill.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import signal
@@ -85,3 +87,18 @@ def not_raydls(console: str) -> list[str]:
         lines = lines[:start] + lines[end + 1:]
     return [line for line in lines if line.strip() and (not RAYDL_LINE.match(line) or "\x1b[" in line
                                                         or "pid=" in line or "Traceback" in line)]
+
+
+# ------------------------------------------------------------------------------------------------- raydl's log
+@contextlib.contextmanager
+def raydl_warns(match: str = ""):
+    """Asserts that raydl's logger warned, a message matching `match` (a regex), inside the block."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("raydl").addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger("raydl").removeHandler(handler)
+    assert any(re.search(match, r.getMessage()) for r in records), [r.getMessage() for r in records]

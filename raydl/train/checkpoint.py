@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ from raydl.errors import CheckpointError, is_out_of_memory
 from raydl.train import safe_dcp
 from raydl.train.checkpoint_state import FORMAT, state_problem
 from raydl.train.optim import states_one_by_one
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "raydl_state.json"
 FIX_EARLIER = "Fix: resume from an earlier checkpoint of the run"
@@ -222,7 +224,8 @@ def first_valid(candidates: list[str]) -> str | None:
         if problem is None:
             return path
         nxt = candidates[i + 1] if i + 1 < len(candidates) else "none (starting from scratch)"
-        warnings.warn(f"checkpoint {path} is not usable ({problem}); falling back to {nxt}", stacklevel=2)
+        # raydl's line, on the console also from a Ray worker (raydl.driver.ray_output sends Ray's own to ray.log)
+        log.warning(f"checkpoint {path} is not usable ({problem}); falling back to {nxt}")
     return None
 
 

@@ -20,6 +20,7 @@ from raydl.models.gpt import build_gpt
 from raydl.train import checkpoint as ckpt
 from raydl.train import safe_dcp
 from tests.unit.test_checkpoint_safety import reseal, save_step, tiny_state
+from tests.helpers import raydl_warns
 
 
 class TouchOnLoad:
@@ -111,7 +112,7 @@ def test_metadata_payload_falls_back_to_the_previous_checkpoint(tmp_path):
     old, new = save_step(tmp_path, 10), save_step(tmp_path, 20)
     marker = tmp_path / "pwned"
     forge_metadata(new, marker)
-    with pytest.warns(UserWarning, match=rf"{new} is not usable .*Path\.touch.*falling back to {old}"):
+    with raydl_warns(rf"{new} is not usable .*Path\.touch.*falling back to {old}"):
         assert ckpt.resolve_resume(str(tmp_path)) == old.resolve()
     assert not marker.exists()
 

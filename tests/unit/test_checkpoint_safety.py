@@ -12,6 +12,7 @@ from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError
 from raydl.models.gpt import build_gpt
 from raydl.train import checkpoint as ckpt
+from tests.helpers import raydl_warns
 
 
 def tiny_state(step: int) -> dict:
@@ -43,7 +44,7 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.warns(UserWarning, match=f"{new}.*falling back to {old}"):
+    with raydl_warns(f"{new}.*falling back to {old}"):
         assert ckpt.resolve_resume(str(tmp_path)) == old.resolve()
 
 
@@ -52,7 +53,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
     (new / ckpt.STATE_FILE).unlink()           # killed before rank 0 wrote its state
     assert ckpt.find_latest(tmp_path) == old
     (old / "files-rank0.json").unlink()          # a shard manifest missing: not intact either
-    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="no usable checkpoint"):
+    with raydl_warns(), pytest.raises(CheckpointError, match="no usable checkpoint"):
         ckpt.resolve_resume(str(tmp_path))
 
 

@@ -13,6 +13,7 @@ import pytest
 from raydl.errors import CheckpointError
 from raydl.train import checkpoint as ckpt
 from tests.unit.test_checkpoint_safety import reseal, save_step
+from tests.helpers import raydl_warns
 
 
 def set_field(key, value):
@@ -81,9 +82,9 @@ def test_edited_state_falls_back_to_the_previous_checkpoint(run, name):
     run_dir, old, new = run
     edit_state(new, edit)
     assert complaint in ckpt.verify(new)
-    with pytest.warns(UserWarning, match=rf"{new} is not usable \(.*{re.escape(complaint)}.*falling back to {old}"):
+    with raydl_warns(rf"{new} is not usable \(.*{re.escape(complaint)}.*falling back to {old}"):
         assert ckpt.agree_on_first_valid([str(new), str(old)]) == str(old)
-    with pytest.warns(UserWarning, match=f"{new}.*falling back to {old}"):
+    with raydl_warns(f"{new}.*falling back to {old}"):
         assert ckpt.resolve_resume(str(run_dir)) == old.resolve()
 
 
