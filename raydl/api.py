@@ -30,7 +30,7 @@ Overrides = Iterable[str] | Mapping[str, Any]
 def train(config: str | Path | Mapping[str, Any] | JobConfig | None = None, *, overrides: Overrides = (),
           model: ModelSpec | None = None, address: str | None = None, resume: str | None = None) -> dict[str, Any]:
     """Train as `raydl train` does; returns summary.json's dict with `run_dir` and `checkpoint` (the last one)."""
-    from raydl.driver.ray_trainer import run_training
+    from raydl.driver.ray_trainer import cluster_address, run_training
     from raydl.driver.resume import resumed_tree
 
     tree = _config_tree(config)
@@ -38,7 +38,7 @@ def train(config: str | Path | Mapping[str, Any] | JobConfig | None = None, *, o
         tree = resumed_tree(str(resume), tree)
     tree = apply_overrides(tree, _listed(overrides))
     cfg = build_config(apply_overrides(tree, _model_name(model)))
-    return run_training(cfg, address=address, resume=resume, model=model)
+    return run_training(cfg, address=cluster_address(address), resume=resume, model=model)
 
 
 def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Overrides = (),
@@ -49,9 +49,11 @@ def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Ov
     `config`: a sweep file or its mapping (base/space/objective...); None = the built-in batch x
     precision sweep. `overrides` apply to the base training config. `resume`: a sweep directory to
     continue (give `model` again if the sweep had one)."""
+    from raydl.driver.ray_trainer import cluster_address
     from raydl.tune.space import default_sweep, parse_sweep
     from raydl.tune.sweep import resume_sweep, run_sweep
 
+    address = cluster_address(address)
     listed = _listed(overrides)
     sets = [*_as_strings(listed), *_as_strings(_model_name(model))]
     if resume:

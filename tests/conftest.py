@@ -49,6 +49,21 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def shared_ray_address(ray_session) -> str:
+    """The session's Ray for `raydl` subprocesses (RAY_ADDRESS or --address): a private Ray per command costs 6 s on
+    a quiet 2-core machine and 25 s on a busy one. What differs on a private Ray (the README's default path, Ctrl-C,
+    late start, the printed commands of a local run) is tested on one."""
+    return ray_session.get_runtime_context().gcs_address
+
+
+@pytest.fixture
+def on_shared_ray(shared_ray_address, monkeypatch) -> str:
+    """The `raydl` commands this test starts join the session's Ray through RAY_ADDRESS, as a user's shell may set it."""
+    monkeypatch.setenv("RAY_ADDRESS", shared_ray_address)
+    return shared_ray_address
+
+
 @pytest.fixture
 def s3_bucket(monkeypatch) -> str:
     """A fresh bucket on a real S3 server (moto's, on loopback) for one test: returns "s3://<bucket>".

@@ -22,7 +22,7 @@ def register(sub) -> None:
         "(forward, backward, collectives, pipeline send/recv and bubble, optimizer, data wait; top ops)."))
     add_config_args(p)
     p.add_argument("--steps", type=int, default=3, help="Steps to profile after the warm-up (default 3).")
-    p.add_argument("--address", help="Ray cluster to use (e.g. auto, ray://host:10001); default: start a local one.")
+    p.add_argument("--address", help="Ray cluster to use (e.g. auto, ray://host:10001); default: RAY_ADDRESS when it names a cluster (as ray.init reads it), else a private local Ray.")
     p.set_defaults(func=run)
 
 

@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--config", help="Sweep YAML file (see below); default: the built-in batch x precision sweep.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="Override a field of the base training config; repeatable.")
-    p.add_argument("--address", help="Ray cluster to use (e.g. auto); default: start a local one.")
+    p.add_argument("--address", help="Ray cluster to use (e.g. auto); default: RAY_ADDRESS when it names a cluster (as ray.init reads it), else a private local Ray.")
     p.add_argument("--resume", metavar="SWEEP_DIR", help="Continue an interrupted sweep from its directory.")
     p.set_defaults(func=run)
 

@@ -56,6 +56,16 @@ def ray_env(cfg: JobConfig) -> dict[str, str]:
 PRIVATE_RAY_ENV = "RAYDL_PRIVATE_RAY"
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The cluster a run joins: `address` (--address), else RAY_ADDRESS as ray.init reads it (`ray job submit` sets
+    it to "auto" for its entrypoint), else None: a private local Ray. An http(s):// RAY_ADDRESS names a job server
+    (`raydl submit`, `ray job`), not a cluster a driver joins: it is left to those."""
+    if address:
+        return address
+    from_env = os.environ.get("RAY_ADDRESS", "").strip()
+    return from_env if from_env and not from_env.startswith(("http://", "https://")) else None
+
+
 def connect(address: str | None, env: dict[str, str]) -> bool:
     """Join the cluster at `address`, or start a private local Ray; True if this call started the connection
     (False: the caller had called ray.init)."""

@@ -84,10 +84,12 @@ def run_with_terminal_stderr(tmp_path: Path, command: list[str]) -> tuple[str, s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["ray", "torchrun"])
-def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher):
+def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher, shared_ray_address, monkeypatch):
     """On a terminal the progress lines become one tqdm bar (driven by the driver's relay under Ray, by rank 0
     without Ray); the layout line is still a line, and stdout still carries only the summary."""
     bin_dir = Path(sys.executable).parent
+    if launcher == "ray":   # the session's Ray: a private one is test_default_run_console_is_quiet's
+        monkeypatch.setenv("RAY_ADDRESS", shared_ray_address)
     command = ([str(bin_dir / "raydl"), "train"] if launcher == "ray" else
                [sys.executable, "-m", "raydl.worker", "--set", "scaling.min_workers=1", "--set", "scaling.max_workers=1"])
     sets = ["train.max_steps=30", "telemetry.report_every=10", f"data.cache_dir={data_cache}",

@@ -28,9 +28,11 @@ def checkout_like(tmp_path: Path, data_cache: Path) -> Path:
     return tmp_path
 
 
-def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+def run(command: str, cwd: Path, ray_address: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYDL_"))}
     env.update(ENV, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
 
@@ -47,16 +49,19 @@ def runs_here(page: Path) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("page", [p for p in pages() if runs_here(p)], ids=lambda p: p.name)
-def test_documented_commands_pass(page, tmp_path, data_cache):
+def test_documented_commands_pass(page, tmp_path, data_cache, shared_ray_address):
     parsed = page_blocks(page)   # parsed here: a bad page fails its test, not collection
     runnable = [block for block in parsed if block.skip_reason is None and block.tested_by is None]
     assert runnable or any(b.tested_by for b in parsed), \
         f"{page.name}: every command is marked 'not tested'; a page shows at least one that runs"
     cwd = checkout_like(tmp_path, data_cache)
+    # The guides' runs join the session's Ray (RAY_ADDRESS, as a user's shell may set it); the README's run starts
+    # its private Ray, the path of a first `raydl train`.
+    ray_address = None if page.name == "README.md" else shared_ray_address
     for block in runnable:
         for command in block.commands:
             t0 = time.monotonic()
-            done = run(command, cwd)
+            done = run(command, cwd, ray_address)
             print(f"{block.page}:{block.line} {time.monotonic() - t0:5.1f} s  {command}")
             assert done.returncode == 0, (f"{block.page}:{block.line}: `{command}` exited {done.returncode}:\n"
                                           + "\n".join(done.stdout.splitlines()[-40:]))

@@ -84,8 +84,8 @@ def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_examples_train_from_python_script(data_cache, tmp_path):
-    """Its own process and its own Ray: the inline spec travels to the workers pickled by value."""
+def test_examples_train_from_python_script(data_cache, tmp_path, on_shared_ray):
+    """Its own process, on the session's Ray (RAY_ADDRESS): the inline spec travels to the workers pickled by value."""
     sets = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2", "train.warmup_steps=5",
             "train.lr=0.003"]
     done = subprocess.run([sys.executable, "examples/train_from_python.py", "--steps", "40", "--runs-dir",

@@ -1,8 +1,9 @@
 """stdout carries only the result: `raydl -q train` of a user model that prints when it is built (in the
 driver, and in every Ray worker, whose lines Ray forwards to the driver) prints the summary JSON alone on
 stdout; the driver's print goes to stderr, the workers' to the run's ray.log (raydl.driver.ray_output). (A worker SIGKILLed mid-run, whose death Ray reports on the
-driver's console: tests/ray/test_s3_e2e.py, which json.loads stdout too.) Also: a private single-node
-Ray takes the default, local checkpoint storage (raydl refuses it only on clusters of several nodes)."""
+driver's console: tests/ray/test_s3_e2e.py, which json.loads stdout too.) Also: a single-node
+cluster (the session's Ray) takes the default, local checkpoint storage (raydl refuses it only on clusters of several
+nodes)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ CHATTY = "print('[mymodels.net] Net built')   # like nanoGPT's parameter count"
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_model_that_prints_leaves_stdout_to_the_summary(data_cache, tmp_path):
+def test_a_model_that_prints_leaves_stdout_to_the_summary(data_cache, tmp_path, on_shared_ray):
     source = (REPO / "tests" / "assets" / "own_net.py").read_text()
     (tmp_path / "mymodels").mkdir()
     (tmp_path / "mymodels" / "net.py").write_text(

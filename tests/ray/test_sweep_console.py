@@ -37,7 +37,7 @@ def report_table(lines: list[str]) -> list[str]:
     return lines[first:last + 1]
 
 
-def test_default_sweep_console_is_quiet_and_reports_each_trials_start(data_cache, tmp_path):
+def test_default_sweep_console_is_quiet_and_reports_each_trials_start(data_cache, tmp_path, on_shared_ray):
     raydl = str(Path(sys.executable).parent / "raydl")
     out = subprocess.run([raydl, "sweep", "--config", str(tiny_default_sweep(tmp_path, data_cache))], cwd=tmp_path,
                          text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,

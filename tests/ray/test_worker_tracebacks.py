@@ -18,7 +18,7 @@ import yaml
 from raydl.data.dataset import ensure_builtin
 from raydl.overrides import build_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("on_shared_ray")]
 
 RAYDL = str(Path(sys.executable).parent / "raydl")
 FAST = ["train.max_steps=30", "telemetry.report_every=10", "data.builtin_samples=4096", "train.eval_batches=2"]

@@ -71,3 +71,19 @@ def test_sweep_raises_before_ray_starts():
         raydl.sweep(overrides=["train.foo=1"])
     with pytest.raises(raydl.ConfigError, match="'model' is a int"):
         raydl.sweep(model=3)
+
+
+@pytest.mark.parametrize(("given", "env", "joined"), [
+    (None, None, None),                                  # a private local Ray
+    (None, "10.0.0.5:6379", "10.0.0.5:6379"),            # RAY_ADDRESS names a cluster, as ray.init reads it
+    (None, "auto", "auto"),                              # what `ray job submit` sets for its entrypoint
+    (None, "http://10.0.0.5:8265", None),                # a job server's: raydl submit's, not a driver's
+    ("ray://head:10001", "10.0.0.5:6379", "ray://head:10001"),   # --address wins
+])
+def test_the_cluster_a_run_joins(given, env, joined, monkeypatch):
+    from raydl.driver.ray_trainer import cluster_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if env:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    assert cluster_address(given) == joined
