@@ -13,7 +13,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="raydl-ray-"))
 os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
 from pathlib import Path
@@ -44,7 +43,7 @@ def ray_session():
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {
-        k: os.environ[k] for k in ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}})
+        k: os.environ[k] for k in ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA")}})
     yield ray
     ray.shutdown()
 
