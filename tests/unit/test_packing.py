@@ -110,7 +110,7 @@ def test_best_fit_decreasing_fills_95_percent_of_2048_token_rows_on_log_normal_r
     assert lengths.sum() / (len(lengths) * 2048) < 0.2
 
 
-def test_prepare_pack_writes_document_ids_and_no_label_crosses_a_record(tmp_path, tok_dir):
+def test_prepare_pack_writes_document_ids_and_no_label_crosses_a_record(tmp_path, tok_dir, capsys):
     records = [{"prompt": f"Say {'la ' * (n % 7)}", "response": "la " * (n % 5 + 1)} for n in range(40)]
     plain_root, plain = prep(tmp_path, tok_dir, records, name="plain", format="prompt-response")
     root, manifest = prep(tmp_path, tok_dir, records, name="packed", format="prompt-response", pack=True)
@@ -128,6 +128,8 @@ def test_prepare_pack_writes_document_ids_and_no_label_crosses_a_record(tmp_path
             assert np.ptp(np.flatnonzero(span)) == span.sum() - 1       # contiguous
             packed.append((np.array(row["input_ids"])[span].tolist(), np.array(row["labels"])[span].tolist()))
     assert sorted(packed) == alone
+    assert cli(["data", "inspect", str(root), "--tokens", "64"]) == 0
+    assert "--- record 1 of the packed row ---" in capsys.readouterr().out
     batch = to_tensors(pq_rows(root), manifest)
     assert batch["document_ids"].shape == batch["input_ids"].shape == (manifest["splits"]["train"]["rows"], 64)
 
