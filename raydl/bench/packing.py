@@ -2,15 +2,16 @@
 
 The same records (log-normal lengths, median --median tokens, sigma 1, clipped to 4..--seq-len; each an arithmetic
 progression mod the vocabulary with its own stride, so a record is learnt from its own tokens only, a tenth of its
-tokens replaced at random, so that the loss has a floor both sides reach) are trained for
+tokens replaced at random, so that the loss has a floor) are trained for
 --epochs from the same initial weights by raydl's own engine (one process, fp32): "padded" holds one record per row,
 padded to --seq-len as the loader pads it; "packed" holds the rows `raydl data prepare --pack` makes
 (raydl.data.packing), with their document ids, and as many rows per step as carry the same target tokens as the
 padded side's --rows (so both take about the same optimizer steps over the same tokens). Reported per side: target
 tokens trained per second of step time, and the final loss: the eval loss over held-out records, each alone in a
-padded row, the same for both sides. Sides alternate, round by round.
+padded row, the same for both sides. Sides alternate; both sides of a round see their rows in the order of that
+round's seed (so the final loss's spread over the rounds is the data order's).
 
-    raydl bench packing --repeats 5                    # tiny gpt; --model llama: the Hugging Face tiny Llama
+    raydl bench packing --repeats 5         # raydl's gpt, 2 layers x 64; --model llama: a Hugging Face Llama
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import numpy as np
 from raydl.bench import harness
 
 SIDES = ("padded", "packed")
-MODELS = {"gpt": ("model.size=tiny",),
+MODELS = {"gpt": ("model.size=tiny", "model.options.layers=2", "model.options.width=64"),
           "llama": ("model.name=hf", "model.options.hidden_size=64", "model.options.num_hidden_layers=2")}
 VOCAB = 64
 NOISE = 0.1
+LR = 3e-3
 
 
 def records(count: int, *, median: float, seq_len: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -79,17 +81,19 @@ def engine_for(model: str, meta: dict, rows_per_step: int):
     session = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
     engine = DataParallelEngine(built, layout_for(cfg, 1, num_blocks=len(built.blocks)), cfg, chosen.spec, session,
                                 None, init)
-    return engine, torch.optim.AdamW(engine.parameters(), lr=3e-3)
+    return engine, torch.optim.AdamW(engine.parameters(), lr=LR)
 
 
-def run_side(side: str, data: dict, args) -> dict[str, float]:
+def run_side(side: str, data: dict, args, round_: int) -> dict[str, float]:
+    """One side's run: its rows in the order of seed `round_` (both sides of a round alike), from the same
+    initial weights."""
     import torch
 
     torch.manual_seed(0)
     engine, optimizer = engine_for(args.model, data["meta"], data["rows"][side])
     steps, seconds, targets = 0, 0.0, 0
     for epoch in range(args.epochs):
-        for batch in data["batches"][side][epoch]:
+        for batch in batches(data["tables"][side], data["rows"][side], data["meta"], seed=1000 * round_ + epoch):
             start = time.perf_counter()
             engine.forward_backward(batch, scaler=None)
             optimizer.step()
@@ -115,28 +119,28 @@ def prepare_data(args) -> dict[str, Any]:
     fill = real / (tables["packed"].num_rows * args.seq_len)
     rows = {"padded": args.rows, "packed": max(1, round(args.rows * tables["packed"].num_rows / len(train)))}
     return {"meta": meta, "rows": rows, "fill": {"padded": real / (len(train) * args.seq_len), "packed": fill},
-            "batches": {side: [batches(tables[side], rows[side], meta, seed=10 + e) for e in range(args.epochs)]
-                        for side in SIDES},
-            "eval": batches(one_per_row(held_out), 32, meta, seed=0)}
+            "tables": tables, "eval": batches(one_per_row(held_out), 32, meta, seed=0)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser("packing", __doc__)
-    p.add_argument("--model", choices=tuple(MODELS), default="gpt", help="gpt: raydl's tiny gpt; llama: the "
+    p.add_argument("--model", choices=tuple(MODELS), default="gpt", help="gpt: raydl's gpt (2 layers, width 64); llama: the "
                    "Hugging Face Llama (hidden 64, 2 layers; needs raydl[hf]).")
-    p.add_argument("--records", type=int, default=1000, help="Training records.")
-    p.add_argument("--median", type=float, default=16, help="Median record length in tokens.")
-    p.add_argument("--seq-len", type=int, default=128, help="Row length (prepare's --seq-len).")
+    p.add_argument("--records", type=int, default=2000, help="Training records.")
+    p.add_argument("--median", type=float, default=12, help="Median record length in tokens.")
+    p.add_argument("--seq-len", type=int, default=64, help="Row length (prepare's --seq-len).")
     p.add_argument("--rows", type=int, default=32, help="Padded rows per step; the packed side takes as many rows "
                    "as hold the same records on average.")
-    p.add_argument("--epochs", type=int, default=2, help="Epochs over the records, per side.")
+    p.add_argument("--epochs", type=int, default=6, help="Epochs over the records, per side.")
     args = harness.parse_args(p, argv)
     import torch
 
     torch.set_num_threads(1)
     session = harness.Session("packing", args)
     data = prepare_data(args)
-    runs = harness.alternate({side: (lambda side=side: run_side(side, data, args)) for side in SIDES}, args.repeats)
+    rounds = {side: iter(range(args.repeats)) for side in SIDES}
+    runs = harness.alternate({side: (lambda side=side: run_side(side, data, args, next(rounds[side])))
+                              for side in SIDES}, args.repeats)
     stats = {side: harness.summarize(side_runs) for side, side_runs in runs.items()}
     speed = [[r["target_tokens_per_s"] for r in runs[side]] for side in ("packed", "padded")]
     ratio = harness.ratio_of_medians(*speed)

@@ -97,6 +97,10 @@ def run_prepare(args) -> int:
                  f"(longer than --seq-len {args.seq_len}, --overflow {args.overflow}); {c['target_tokens']:,} "
                  f"target tokens; {c['rows']:,} rows{' packed' if c['packed'] else ''}, {c['fill']:.1%} of their "
                  f"slots real tokens")
+        if c["packed"] and c["rows"]:
+            per_row = (c["records"] - c["dropped"]) / c["rows"]
+            log.info(f"{per_row:.1f} records a row: a step of train.global_batch_size rows holds that many times "
+                     f"the records it held unpacked (divide it by {per_row:.1f} to keep the tokens of a step)")
     return 0
 
 

@@ -4,6 +4,7 @@ log-normal lengths, prepare writes document ids with no label across a record bo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -13,9 +14,12 @@ import pytest
 import torch
 
 from raydl.cli import main as cli
+from raydl.data.dataset import open_dataset
 from raydl.data.loader import to_tensors
 from raydl.data.packing import pack_lengths
+from raydl.errors import DataError
 from raydl.models import gpt
+from raydl.models.choice import ModelChoice
 from raydl.models.packing import document_positions, packed_kwargs
 from tests.unit.test_finetune_records import CHAT, prep, rows, tok_dir, write_jsonl  # noqa: F401  (a fixture)
 
@@ -132,6 +136,10 @@ def test_prepare_pack_writes_document_ids_and_no_label_crosses_a_record(tmp_path
     assert "--- record 1 of the packed row ---" in capsys.readouterr().out
     batch = to_tensors(pq_rows(root), manifest)
     assert batch["document_ids"].shape == batch["input_ids"].shape == (manifest["splits"]["train"]["rows"], 64)
+    ModelChoice(gpt.spec, None, "tiny").check_data(open_dataset(str(root)))
+    own = dataclasses.replace(gpt.spec, name="own", forward_kwargs=None)   # a model that cannot mask per record
+    with pytest.raises(DataError, match="packed rows.*forward_kwargs"):
+        ModelChoice(own, None, "tiny").check_data(open_dataset(str(root)))
 
 
 def pq_rows(root: Path):
