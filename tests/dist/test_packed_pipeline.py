@@ -1,6 +1,6 @@
-"""Packed rows through a pipeline: at pp=2 (2 gloo ranks, 1F1B, 4 micro-batches) every stage gets its micro-batch's
-document ids, so one step's loss and gradients and the evaluation's loss equal pp=1's to 1e-5, for raydl's gpt and
-the Hugging Face Llama blocks. The batch is what the loader gives for packed rows (raydl.data.loader.to_tensors:
+"""Packed rows through a pipeline: at pp=2 (2 gloo ranks, 4 micro-batches; 1F1B for raydl's gpt, ZBV for the
+Hugging Face Llama blocks: two stages on each rank) every stage gets its micro-batch's document ids, so one step's
+loss and gradients and the evaluation's loss equal pp=1's to 1e-5. The batch is what the loader gives for packed rows (raydl.data.loader.to_tensors:
 padded to seq_len with masks), and the documents matter: the same rows unmasked give another loss."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ VOCAB, SEQ, ROWS = 40, 24, 8
 META = {"vocab_size": VOCAB, "seq_len": SEQ}
 MODELS = {"gpt": ("model.size=tiny",),
           "llama": ("model.name=hf", "model.options.hidden_size=32", "model.options.num_hidden_layers=2")}
+SCHEDULES = {"gpt": "1f1b", "llama": "zbv"}
 
 
 def packed_batch(*, documents: bool = True) -> dict[str, torch.Tensor]:
@@ -59,8 +60,9 @@ def _step(rank: int, world_size: int, model: str, sets: tuple[str, ...], documen
 
 def _pp2(rank: int, world_size: int, out: str) -> None:
     torch.set_num_threads(1)
-    pp2 = ("parallel.pp_degree=2", "parallel.schedule=1f1b", "parallel.num_microbatches=4")
-    results = {model: _step(rank, world_size, model, pp2, True) for model in MODELS}
+    pp2 = ("parallel.pp_degree=2", "parallel.num_microbatches=4")
+    results = {model: _step(rank, world_size, model, (*pp2, f"parallel.schedule={SCHEDULES[model]}"), True)
+               for model in MODELS}
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(results, f)
 
