@@ -52,7 +52,8 @@ def _step(rank: int, world_size: int, model: str, sets: tuple[str, ...], documen
                                                                         mesh, init)
     batch = packed_batch(documents=documents)
     stats = engine.forward_backward(batch, scaler=None)
-    grads = {name: p.grad.tolist() for name, p in engine.model.named_parameters()}
+    grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).tolist()
+             for name, p in engine.model.named_parameters()}
     evaluation = engine.evaluate([batch], precision="fp32")
     return {"pp": layout.pp, "loss": float(stats.loss) if stats.has_loss else None, "grads": grads,
             "eval": evaluation["loss"]}
