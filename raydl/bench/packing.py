@@ -1,4 +1,4 @@
-"""raydl bench packing: fine-tuning on records of mixed lengths, packed rows vs one record per padded row, at equal target tokens.
+"""raydl bench packing: fine-tuning records of mixed lengths, packed rows vs one a padded row, equal target tokens.
 
 The same records (log-normal lengths, median --median tokens, sigma 1, clipped to 4..--seq-len; each an arithmetic
 progression mod the vocabulary with its own stride, so a record is learnt from its own tokens only, a tenth of its
@@ -107,9 +107,9 @@ def run_side(side: str, data: dict, args, round_: int) -> dict[str, float]:
 
 
 def prepare_data(args) -> dict[str, Any]:
-    from raydl.data.packing import packed_tables
-
     import pyarrow as pa
+
+    from raydl.data.packing import packed_tables
 
     meta = {"vocab_size": VOCAB, "seq_len": args.seq_len}
     train = records(args.records, median=args.median, seq_len=args.seq_len, seed=1)
@@ -124,8 +124,8 @@ def prepare_data(args) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser("packing", __doc__)
-    p.add_argument("--model", choices=tuple(MODELS), default="gpt", help="gpt: raydl's gpt (2 layers, width 64); llama: the "
-                   "Hugging Face Llama (hidden 64, 2 layers; needs raydl[hf]).")
+    p.add_argument("--model", choices=tuple(MODELS), default="gpt", help="gpt: raydl's gpt (2 layers, width 64); "
+                   "llama: the Hugging Face Llama (hidden 64, 2 layers; needs raydl[hf]).")
     p.add_argument("--records", type=int, default=2000, help="Training records.")
     p.add_argument("--median", type=float, default=12, help="Median record length in tokens.")
     p.add_argument("--seq-len", type=int, default=64, help="Row length (prepare's --seq-len).")

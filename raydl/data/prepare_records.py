@@ -18,7 +18,8 @@ tokenizer's eos_token, which must be in every trained turn); everything else -10
 labels = tokens[1:] where a target, else -100), stored as variable-length lists: the loader pads each batch to the
 dataset's seq_len, with a mask. Rows are right-padded, so under causal attention no real token sees padding, and
 padding carries no label. With --pack several records share a row (raydl.data.packing), each keeping its own
-(input, label) pairs and a document id. Records longer than --seq-len follow --overflow (truncate, drop, error), counted in the summary.
+(input, label) pairs and a document id. Records longer than --seq-len follow --overflow (truncate, drop, error),
+counted in the summary.
 Records are data: nothing in them runs; the template comes from the user's own tokenizer directory.
 """
 

@@ -1,7 +1,8 @@
 """Packed rows through a pipeline: at pp=2 (2 gloo ranks, 4 micro-batches; 1F1B for raydl's gpt, ZBV for the
 Hugging Face Llama blocks: two stages on each rank) every stage gets its micro-batch's document ids, so one step's
-loss and gradients and the evaluation's loss equal pp=1's to 1e-5. The batch is what the loader gives for packed rows (raydl.data.loader.to_tensors:
-padded to seq_len with masks), and the documents matter: the same rows unmasked give another loss."""
+loss and gradients and the evaluation's loss equal pp=1's to 1e-5. The batch is what the loader gives for packed
+rows (raydl.data.loader.to_tensors: padded to seq_len with masks), and the documents matter: the same rows
+unmasked give another loss."""
 
 from __future__ import annotations
 
