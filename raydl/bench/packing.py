@@ -1,4 +1,4 @@
-"""raydl bench packing: fine-tuning records of mixed lengths, packed rows vs one a padded row, equal target tokens.
+"""raydl bench packing: records of mixed lengths, packed rows vs one record per padded row, equal target tokens.
 
 The same records (log-normal lengths, median --median tokens, sigma 1, clipped to 4..--seq-len; each an arithmetic
 progression mod the vocabulary with its own stride, so a record is learnt from its own tokens only, a tenth of its
