@@ -1,5 +1,5 @@
 """Clean packing (raydl data prepare --pack): a packed row gives each record the loss and gradients it gets alone
-(raydl's gpt and the Hugging Face Llama and GPT-2 blocks, fp32, to 1e-5), the packer fills >= 95% of the slots on
+(raydl's gpt and the Hugging Face Llama, GPT-2 and sliding-window Mistral blocks, fp32, to 1e-5), the packer fills >= 95% of the slots on
 log-normal lengths, prepare writes document ids with no label across a record boundary, and bad input exits 2."""
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _model(kind: str) -> torch.nn.Module:
 
     family, attention = kind.split("-")
     options = HfOptions(family=family, hidden_size=32, num_attention_heads=4, attention=attention,
-                        num_key_value_heads=2 if family != "gpt2" else 0)
+                        num_key_value_heads=2 if family != "gpt2" else 0,
+                        sliding_window=4 if family == "mistral" else 0)   # shorter than the longer records
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # GPT-2's untie warning
         return build(options, {"vocab_size": VOCAB, "seq_len": SEQ})
@@ -62,7 +63,7 @@ def _loss_and_grads(model, ids, labels, **kwargs) -> tuple[torch.Tensor, dict[st
     return losses.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind", ["gpt", "llama-sdpa", "llama-eager", "gpt2-sdpa"])
+@pytest.mark.parametrize("kind", ["gpt", "llama-sdpa", "llama-eager", "gpt2-sdpa", "mistral-sdpa"])
 def test_a_packed_row_gives_each_record_its_own_loss_and_gradients(kind):
     model = _model(kind).float()
     records = _records()
