@@ -1,6 +1,7 @@
 """Clean packing (raydl data prepare --pack): a packed row gives each record the loss and gradients it gets alone
-(raydl's gpt and the Hugging Face Llama, GPT-2 and sliding-window Mistral blocks, fp32, to 1e-5), the packer fills >= 95% of the slots on
-log-normal lengths, prepare writes document ids with no label across a record boundary, and bad input exits 2."""
+(raydl's gpt and the Hugging Face Llama, GPT-2 and sliding-window Mistral blocks, fp32, to 1e-5), the packer fills
+>= 95% of the slots on log-normal lengths, prepare writes document ids with no label across a record boundary, and
+bad input exits 2."""
 
 from __future__ import annotations
 
