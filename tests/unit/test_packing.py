@@ -22,7 +22,7 @@ from raydl.errors import DataError
 from raydl.models import gpt
 from raydl.models.choice import ModelChoice
 from raydl.models.packing import document_positions, packed_kwargs
-from tests.unit.test_finetune_records import CHAT, prep, rows, tok_dir, write_jsonl  # noqa: F401  (a fixture)
+from tests.unit.test_finetune_records import prep, rows, tok_dir, write_jsonl  # noqa: F401  (tok_dir: a fixture)
 
 VOCAB, SEQ = 53, 32
 LENGTHS = (11, 4, 9, 1, 5)   # records of a packed row; 2 slots of padding after them
