@@ -38,6 +38,10 @@ def register(sub) -> None:
     prep.add_argument("--overflow", default="truncate", choices=("truncate", "drop", "error"), help="--format: a "
                       "record longer than --seq-len is cut to it (default; dropped if no target token is left), "
                       "dropped, or an error. Counted in the summary.")
+    prep.add_argument("--pack", action="store_true", help="--format: pack several records into each row of "
+                      "--seq-len tokens (best-fit decreasing) instead of one record per padded row; each record keeps "
+                      "its own positions and attends only to itself (docs/finetune.md). Records longer than --seq-len "
+                      "still follow --overflow.")
     prep.add_argument("--prompt-field", default="", help="--format prompt-response: the prompt's field (default: "
                       "prompt, or alpaca's instruction followed by its input).")
     prep.add_argument("--response-field", default="", help="--format prompt-response: the response's field "
@@ -67,13 +71,21 @@ def run_prepare(args) -> int:
     from raydl.errors import DataError
 
     records = None
+    if args.pack and not args.format:
+        why = "its text is already cut into full rows of --seq-len tokens" if args.kind in ("text", "jsonl") else \
+            "its rows are not token records"
+        raise DataError(f"--pack packs fine-tuning records (--from jsonl --format text|prompt-response|chat) into "
+                        f"rows, each record attending only to itself; --from {args.kind} without --format has no "
+                        f"records to pack ({why}). Fix: drop --pack, or pass --from jsonl --format FORMAT "
+                        f"--tokenizer DIR.")
     if args.format:
         if args.kind != "jsonl":
             raise DataError(f"--format {args.format} reads JSON-lines records, but --from is {args.kind}. Fix: pass "
                             f"--from jsonl.")
         records = RecordFormat(format=args.format, seq_len=args.seq_len, train_on=args.train_on,
                                overflow=args.overflow, text_field=args.column, prompt_field=args.prompt_field,
-                               response_field=args.response_field, messages_field=args.messages_field)
+                               response_field=args.response_field, messages_field=args.messages_field,
+                               pack=args.pack)
     manifest = prepare(args.kind, args.src, args.out, shard_rows=args.shard_rows, column=args.column,
                        seq_len=args.seq_len, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                        keep_columns=args.keep_columns, records=records, progress=not args.quiet)
@@ -83,7 +95,12 @@ def run_prepare(args) -> int:
         c = manifest["records"]
         log.info(f"records: {c['records']:,} read, {c['truncated']:,} truncated and {c['dropped']:,} dropped "
                  f"(longer than --seq-len {args.seq_len}, --overflow {args.overflow}); {c['target_tokens']:,} "
-                 f"target tokens")
+                 f"target tokens; {c['rows']:,} rows{' packed' if c['packed'] else ''}, {c['fill']:.1%} of their "
+                 f"slots real tokens")
+        if c["packed"] and c["rows"]:
+            per_row = (c["records"] - c["dropped"]) / c["rows"]
+            log.info(f"{per_row:.1f} records a row: a step of train.global_batch_size rows holds that many times "
+                     f"the records it held unpacked (divide it by {per_row:.1f} to keep the tokens of a step)")
     return 0
 
 

@@ -14,6 +14,8 @@ import pyarrow as pa
 
 MASK_SUFFIX = "_mask"
 VARIABLE = -1    # the shape entry of a variable-length list column in the manifest's `columns`
+# Packed rows (raydl data prepare --pack): per token, which of the row's records it belongs to (0, 1, 2...)
+DOCUMENTS = "document_ids"
 
 
 def _is_number(kind: pa.DataType) -> bool:

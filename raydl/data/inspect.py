@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.checksum import sha256_stream
+from raydl.data.columns import DOCUMENTS
 from raydl.data.dataset import DatasetInfo, open_dataset
 from raydl.data.tokenizer import decoder, token_names
 from raydl.errors import DataError, one_line
@@ -39,9 +40,10 @@ def token_view(info: DatasetInfo, n: int) -> list[dict[str, Any]]:
         raise DataError(f"dataset '{info.root}' has no input_ids and labels columns, so it has no tokens to show. "
                         f"Fix: drop --tokens (it is for token datasets).")
     name = token_names(info)
+    documents = row.get(DOCUMENTS) or [0] * len(row["input_ids"])     # packed rows: each token's record
     return [{"position": i, "id": t, "token": name(t), "label": None if label < 0 else label,
-             "label_token": None if label < 0 else name(label)}
-            for i, (t, label) in enumerate(zip(row["input_ids"][:n], row["labels"][:n]))]
+             "label_token": None if label < 0 else name(label), "record": d}
+            for i, (t, label, d) in enumerate(zip(row["input_ids"][:n], row["labels"][:n], documents))]
 
 
 def first_row(info: DatasetInfo) -> dict[str, Any]:
@@ -105,6 +107,9 @@ def format_report(r: dict[str, Any]) -> str:
     lines.extend(f"    {k}: {v}" for k, v in r["sample"].items())
     if "tokens" in r:
         lines.append("  tokens of the first train row: position, id, token, and the label it learns to predict (- = none):")
-        lines.extend(f"    {t['position']:5d} {t['id']:7d} {t['token']:<20} -> "
-                     + ("-" if t["label"] is None else f"{t['label']} {t['label_token']}") for t in r["tokens"])
+        for t in r["tokens"]:
+            if t["position"] and t["record"] != r["tokens"][t["position"] - 1]["record"]:
+                lines.append(f"    --- record {t['record']} of the packed row ---")
+            lines.append(f"    {t['position']:5d} {t['id']:7d} {t['token']:<20} -> "
+                         + ("-" if t["label"] is None else f"{t['label']} {t['label_token']}"))
     return "\n".join(lines)

@@ -121,7 +121,8 @@ def prepare_records(src: str, out: str, fmt: RecordFormat, tokenizer_dir: str, *
         meta = {"task": "tokens", "seq_len": fmt.seq_len, "vocab_size": len(tok), "eos": tok.eos_token_id,
                 "tokenizer": "hf", "tokenizer_dir": "tokenizer",
                 "records": {"format": fmt.format, "train_on": fmt.train_on if fmt.format == "chat" else None,
-                            "chat_template": fmt.format == "chat", "overflow": fmt.overflow, **counts.summary()},
+                            "chat_template": fmt.format == "chat", "overflow": fmt.overflow, "packed": fmt.pack,
+                            **counts.summary(fmt.seq_len)},
                 "source": {"from": "jsonl", "src": src, "files": len(files), "eval_every": EVAL_EVERY}}
         with writing(out):
             write_manifest(fs, tmp, meta, splits)

@@ -15,23 +15,28 @@ Formats (each record is a JSON object; field names configurable, the common ones
 
 Labels: the response (or the assistant turns, `--train-on last|assistant|all`) plus its end-of-turn token (the
 tokenizer's eos_token, which must be in every trained turn); everything else -100. A row is (input_ids = tokens[:-1],
-labels = tokens[1:] where a target, else -100), stored as variable-length lists: the loader pads each batch to its
-longest row, with a mask. Rows are right-padded, so under causal attention no real token sees padding, and padding
-carries no label. Records longer than --seq-len follow --overflow (truncate, drop, error), counted in the summary.
+labels = tokens[1:] where a target, else -100), stored as variable-length lists: the loader pads each batch to the
+dataset's seq_len, with a mask. Rows are right-padded, so under causal attention no real token sees padding, and
+padding carries no label. With --pack several records share a row (raydl.data.packing), each keeping its own
+(input, label) pairs and a document id. Records longer than --seq-len follow --overflow (truncate, drop, error),
+counted in the summary.
 Records are data: nothing in them runs; the template comes from the user's own tokenizer directory.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from raydl.data.dataset import IGNORE_LABEL
 from raydl.data.input_files import Progress
+from raydl.data.packing import packed_tables
 from raydl.errors import DataError, one_line
 
 FORMATS = ("text", "prompt-response", "chat")
@@ -52,6 +57,7 @@ class RecordFormat:
     prompt_field: str = ""       # "" = prompt, or alpaca's instruction (+ input)
     response_field: str = ""     # "" = response, completion, or alpaca's output
     messages_field: str = ""     # "" = messages or conversations
+    pack: bool = False           # records packed into rows of seq_len (raydl.data.packing)
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (("--format", self.format, FORMATS), ("--train-on", self.train_on, TRAIN_ON),
@@ -66,9 +72,12 @@ class Counts:
     truncated: int = 0
     dropped: int = 0           # longer than --seq-len under --overflow drop, or truncated to no target
     target_tokens: int = 0
+    rows: int = 0
+    row_tokens: int = 0        # real (not padding) tokens over every row
 
-    def summary(self) -> dict[str, int]:
-        return dict(vars(self))
+    def summary(self, seq_len: int) -> dict[str, int | float]:
+        """The counts, and `fill`: the share of the rows' seq_len slots that hold a real token."""
+        return {**vars(self), "fill": round(self.row_tokens / max(self.rows * seq_len, 1), 4)}
 
 
 @dataclass
@@ -262,24 +271,31 @@ def jsonl_records(path: Path | str) -> Iterator[tuple[str, Any, int]]:
 
 def record_rows(files: list[Path], encoder: RecordEncoder, fmt: RecordFormat, counts: Counts,
                 progress: Progress) -> Iterator[pa.Table]:
-    """One row per record of the jsonl files, BATCH_RECORDS records a table."""
-    inputs, labels = [], []
+    """One row per record of the jsonl files, BATCH_RECORDS records a table; with `fmt.pack`, the records packed
+    into rows of seq_len (raydl.data.packing)."""
+    records = _records(files, encoder, fmt, counts, progress)
+    tables = packed_tables(records, fmt.seq_len) if fmt.pack else _one_per_row(records)
+    for table in tables:
+        counts.rows += table.num_rows
+        counts.row_tokens += pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0
+        yield table
+
+
+def _records(files: list[Path], encoder: RecordEncoder, fmt: RecordFormat, counts: Counts,
+             progress: Progress) -> Iterator[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of every record kept (raydl.data.prepare_records.row)."""
     for path in files:
         for where, record, nbytes in jsonl_records(path):
             progress.update(nbytes=nbytes)
             counts.records += 1
             one = row(encoder.encode(record, where), fmt, counts, where)
             if one is not None:
-                inputs.append(one[0])
-                labels.append(one[1])
-            if len(inputs) >= BATCH_RECORDS:
-                yield records_table(inputs, labels)
-                inputs, labels = [], []
+                yield one
         progress.update(files=1)
-    if inputs:
-        yield records_table(inputs, labels)
 
 
-def records_table(inputs: list[list[int]], labels: list[list[int]]) -> pa.Table:
+def _one_per_row(records: Iterator[tuple[list[int], list[int]]]) -> Iterator[pa.Table]:
     kind = pa.list_(pa.int32())
-    return pa.table({"input_ids": pa.array(inputs, kind), "labels": pa.array(labels, kind)})
+    while batch := list(itertools.islice(records, BATCH_RECORDS)):
+        yield pa.table({"input_ids": pa.array([ids for ids, _ in batch], kind),
+                        "labels": pa.array([labels for _, labels in batch], kind)})

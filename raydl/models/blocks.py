@@ -21,9 +21,10 @@ class BlockModel(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleDict(blocks)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        """`kwargs`: the spec's `forward_kwargs` of the batch (a packed batch's documents), given to every block."""
         for block in self.blocks.values():
-            x = block(x)
+            x = block(x, **kwargs)
         return x
 
     @property

@@ -16,7 +16,7 @@ from raydl.data.dataset import (
     open_dataset,
     resolve_path,
 )
-from raydl.errors import ConfigError
+from raydl.errors import ConfigError, DataError
 from raydl.models.blocks import BlockModel, num_params
 from raydl.models.build import build_model
 from raydl.models.options import build_options
@@ -49,6 +49,12 @@ class ModelChoice:
         if self.spec.task is not None:
             check_task(info, self.spec.task, self.spec.name)
         check_columns(info, self.spec.columns, self.spec.name)
+        if (info.meta.get("records") or {}).get("packed") and self.spec.forward_kwargs is None:
+            raise DataError(f"dataset '{info.root}' holds packed rows (raydl data prepare --pack: several records per "
+                            f"row), but model '{self.spec.name}' takes no document ids (ModelSpec.forward_kwargs), so "
+                            f"its records would attend to each other. Fix: prepare the records without --pack, or "
+                            f"give the spec forward_kwargs=raydl.models.packing.packed_kwargs and mask attention per "
+                            f"record as raydl's gpt does.")
 
     def build(self, meta: dict[str, Any], *, pp_degree: int | str = 1) -> BlockModel:
         """The BlockModel (on the current default device: "meta" counts without allocating)."""

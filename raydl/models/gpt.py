@@ -17,6 +17,7 @@ from torch import nn
 from raydl.errors import ConfigError
 from raydl.models.blocks import BlockModel
 from raydl.models.loss import VocabHead, token_mean
+from raydl.models.packing import document_causal_mask, document_positions, packed_kwargs
 from raydl.models.presets import GPT_SIZES, GptOptions
 from raydl.models.spec import ModelSpec
 
@@ -28,8 +29,11 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(seq_len, width)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1], device=idx.device)
+    def forward(self, idx: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        if documents is None:
+            positions = torch.arange(idx.shape[1], device=idx.device)
+        else:   # packed rows: positions restart at every record
+            positions = document_positions(documents)
         return self.drop(self.tok(idx) + self.pos(positions))  # (B, T, C)
 
 
@@ -40,11 +44,13 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        # packed rows: each record attends only to itself (block-diagonal causal)
+        mask = None if documents is None else document_causal_mask(documents)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -57,8 +63,8 @@ class TransformerBlock(nn.Module):
         self.ln2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), documents)
         return x + self.mlp(self.ln2(x))
 
 
@@ -93,7 +99,8 @@ class Head(VocabHead):
     def projection(self) -> nn.Module:
         return self.out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        """`documents`: taken as every block takes it (BlockModel); a token's head reads that token alone."""
         x = self.ln(x)
         return x if self.hidden_out else self.out(x)  # (B, T, width) or (B, T, vocab)
 
@@ -177,4 +184,4 @@ def random_tokens(meta: dict[str, Any], micro_batch: int) -> torch.Tensor:
 spec = ModelSpec(name="gpt", build=build, inputs_targets=tokens, loss=gpt_loss, example_inputs=random_tokens,
                  correct=gpt_correct, units_per_sample=lambda meta: meta["seq_len"], flops_per_sample=flops_per_sample,
                  options=GptOptions, task="tokens", columns=("input_ids", "labels"), init_weights=_init_weights,
-                 init_by_rows=True)
+                 init_by_rows=True, forward_kwargs=packed_kwargs)

@@ -69,6 +69,15 @@ class ModelSpec:
     # padding row). Workers then draw a tensor in blocks of rows, each under a seed of its own, and a rank only
     # the blocks holding its rows: faster start-up under FSDP2. Changes the initial values (on every layout alike).
     init_by_rows: bool = False
+    # a batch -> the keywords the model's forward takes beside its inputs, each a (rows, ...) tensor that splits
+    # with them into micro-batches and reaches every pipeline stage (a BlockModel gives them to every block).
+    # raydl's token models take a packed batch's `documents` (raydl.models.packing.packed_kwargs). None = none: a
+    # packed dataset (raydl data prepare --pack) is then refused before any worker starts.
+    forward_kwargs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+
+    def model_kwargs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`forward_kwargs(batch)`, or none."""
+        return self.forward_kwargs(batch) if self.forward_kwargs else {}
 
     def count_correct(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
         """(correct, counted) of `correct`; (0, 0) without one, which leaves the accuracy unknown."""

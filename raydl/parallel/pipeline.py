@@ -101,8 +101,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward_chain(x: torch.Tensor, stages: list[PipelineStage], *, layout: Layout, pp_rank: int, pp_group,
-                  device: torch.device) -> torch.Tensor:
-    """Run every stage in order, activations sent between ranks; returns the output on the last stage.
+                  device: torch.device, kwargs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Run every stage in order, activations sent between ranks; returns the output on the last stage. `kwargs`
+    (the model's keywords of this batch, which every rank holds) go to every stage.
 
     Written by hand because torch 2.13's `schedule.eval()` runs the V schedules' backward-input
     steps anyway and fails ("can't steal_bwd_input"); eval needs no pipelining to be correct.
@@ -114,7 +115,7 @@ def forward_chain(x: torch.Tensor, stages: list[PipelineStage], *, layout: Layou
             continue
         if s > 0 and owner[s - 1] != rank:
             x = _recv(owner[s - 1], pp_group, device)
-        x = mine[s](x)
+        x = mine[s](x, **(kwargs or {}))
         if s + 1 < len(owner) and owner[s + 1] != rank:
             _send(x, owner[s + 1], pp_group)
     return x

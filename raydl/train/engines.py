@@ -84,7 +84,7 @@ class DataParallelEngine:
         count = target_count(self.spec.inputs_targets(tensors)[1])
         scale = train_step.loss_scale(count, device=self.device, dp_group=self.dp_group, dp=self.layout.dp)
         batches = train_step.micro_batches(tensors, self.layout.num_microbatches)
-        stats = train_step.forward_backward(self.model, self.spec.inputs_targets, self.loss, batches, scale=scale,
+        stats = train_step.forward_backward(self.model, self.spec, self.loss, batches, scale=scale,
                                             precision=self.precision, device=self.device, scaler=scaler,
                                             in_backward=self.in_backward)
         return dataclasses.replace(stats, count=count)
@@ -135,11 +135,13 @@ class PipelineEngine:
             self.loss_scale = train_step.loss_scale(target_count(targets), device=self.device,
                                                     dp_group=self.dp_group, dp=self.layout.dp)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
-        # Inputs only where the first stage is, targets only where the last is.
+        # Inputs only where the first stage is, targets only where the last is; the model's keywords (a packed
+        # batch's documents) on every stage: the schedule splits them into micro-batches and hands each stage its own.
         args = (inputs,) if self.is_first else ()
+        kwargs = train_step.on_device(self.spec.model_kwargs(tensors), self.device)
         with autocast(self.precision, self.device):
             self.schedule.step(*args, target=targets if self.is_last else None,
-                               losses=losses if self.is_last else None, return_outputs=False)
+                               losses=losses if self.is_last else None, return_outputs=False, **kwargs)
         sum_tied_grads(self.model, self.tied, layout=self.layout, pp_rank=self.pp_rank, pp_group=self.pp_group)
         if not self.is_last:
             return StepStats(loss=0.0, has_loss=False)
@@ -157,9 +159,10 @@ class PipelineEngine:
         with logits_out(self.model):
             for batch in batches:
                 inputs, targets = (t.to(self.device) for t in self.spec.inputs_targets(batch))
+                kwargs = train_step.on_device(self.spec.model_kwargs(batch), self.device)
                 with autocast(precision, self.device):
                     out = forward_chain(inputs, self.stages, layout=self.layout, pp_rank=self.pp_rank,
-                                        pp_group=self.pp_group, device=self.device)
+                                        pp_group=self.pp_group, device=self.device, kwargs=kwargs)
                 if self.is_last:
                     totals = train_step.add_eval(totals, self.spec, out, targets)
         self.model.train()

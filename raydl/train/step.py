@@ -49,7 +49,7 @@ def loss_scale(local_count: torch.Tensor, *, device: torch.device, dp_group=None
     return dp / count.clamp(min=1)
 
 
-def forward_backward(model: nn.Module, inputs_targets, loss_fn, batches: list[dict[str, torch.Tensor]], *,
+def forward_backward(model: nn.Module, spec: ModelSpec, loss_fn, batches: list[dict[str, torch.Tensor]], *,
                      scale: torch.Tensor, precision: str, device: torch.device, scaler,
                      in_backward: StepInBackward | None = None) -> StepStats:
     """`loss_fn`: (outputs, targets) -> (sum, count) (raydl.models.loss.model_loss); `scale`: `loss_scale`'s.
@@ -59,14 +59,19 @@ def forward_backward(model: nn.Module, inputs_targets, loss_fn, batches: list[di
         last = i == len(batches) - 1
         if in_backward:
             in_backward.armed = last
-        inputs, targets = (t.to(device, non_blocking=True) for t in inputs_targets(batch))
+        inputs, targets = (t.to(device, non_blocking=True) for t in spec.inputs_targets(batch))
+        kwargs = on_device(spec.model_kwargs(batch), device)
         with gradient_sync(model, enabled=last), autocast(precision, device), phase("forward"):
-            loss_sum, _ = loss_fn(model(inputs), targets)
+            loss_sum, _ = loss_fn(model(inputs, **kwargs), targets)
         scaled = loss_sum * scale
         with phase("backward"):
             (scaler.scale(scaled) if scaler else scaled).backward()
         total += scaled.detach()
     return StepStats(loss=total)
+
+
+def on_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler, *, clip) -> torch.Tensor:
@@ -94,7 +99,7 @@ def evaluate(model: nn.Module, spec: ModelSpec, batches, *, precision: str, devi
         for batch in batches:
             inputs, targets = (t.to(device) for t in spec.inputs_targets(batch))
             with autocast(precision, device):
-                out = model(inputs)
+                out = model(inputs, **on_device(spec.model_kwargs(batch), device))
             totals = add_eval(totals, spec, out, targets)
     model.train(was_training)
     return totals

@@ -14,6 +14,7 @@ from raydl.models.hf.blocks import block_modules
 from raydl.models.hf.config import hf_config
 from raydl.models.hf.options import HfOptions
 from raydl.models.hf.weights import SafetensorsSource, WeightsIndex, check_weights, expected_tensors
+from raydl.models.packing import packed_kwargs
 from raydl.models.spec import ModelSpec
 
 __all__ = ["HfBlocks", "HfOptions", "build", "build_causal_lm", "spec"]
@@ -124,4 +125,5 @@ def flops_per_sample(options: HfOptions, meta: dict[str, Any]) -> float:
 
 spec = ModelSpec(name="hf", build=build, inputs_targets=gpt.tokens, loss=gpt.gpt_loss, example_inputs=gpt.random_tokens,
                  correct=gpt.gpt_correct, units_per_sample=lambda meta: meta["seq_len"],
-                 flops_per_sample=flops_per_sample, options=HfOptions, task="tokens", columns=("input_ids", "labels"))
+                 flops_per_sample=flops_per_sample, options=HfOptions, task="tokens", columns=("input_ids", "labels"),
+                 forward_kwargs=packed_kwargs)
