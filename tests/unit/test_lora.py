@@ -1,0 +1,114 @@
+"""train.lora: its settings and refusals, apply_lora on a model built on meta (as a worker builds it), the base
+weights frozen and bitwise unchanged by training, and the optimizer holding the adapters alone. One process, no
+process group: the layouts are tests/dist/test_lora_resume.py's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from raydl.config import lora_settings
+from raydl.errors import ConfigError
+from raydl.models.choice import choose_model
+from raydl.models.lora import apply_lora, is_adapter, merge_adapters
+from raydl.overrides import load_config
+from raydl.train.engines import build_engine
+from raydl.train.model_build import build_for_worker
+from raydl.train.optim import build_optimizer
+
+META = {"vocab_size": 17, "seq_len": 8}
+COMMON = ["model.size=tiny", "train.global_batch_size=4", "train.micro_batch_size=4", "train.seed=3",
+          "train.weight_decay=0.1", "train.lr=0.01"]
+
+
+def _engine(*sets: str):
+    cfg = load_config(None, [*COMMON, *sets])
+    chosen = choose_model(cfg.model)
+    model, init = build_for_worker(chosen, META, cfg)
+    session = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    return cfg, chosen, build_engine(model, cfg, chosen.spec, session, META, init)
+
+
+def test_settings_defaults_and_set_paths():
+    cfg = load_config(None, ["train.lora.rank=4", "train.lora.targets=[qkv]"])
+    assert lora_settings(cfg.train.lora) == lora_settings({"rank": 4, "alpha": 8, "targets": ["qkv"]})
+    assert lora_settings(load_config(None, []).train.lora) is None   # off by default
+    assert lora_settings({"rank": 8}).targets == "all-linear" and lora_settings({"rank": 8}).alpha == 16
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["train.lora.alpha=16"], "train.lora.rank"),
+    (["train.lora.rank=0"], "train.lora.rank"),
+    (["train.lora.rank=4", "train.lora.dropout=1.5"], "train.lora.dropout"),
+    (["train.lora.rank=4", "train.lora.ranks=3"], "train.lora.ranks"),
+    (["train.lora.rank=4", "train.precision=fp8"], "train.precision"),
+    (["train.lora.rank=4", "train.optimizer_in_backward=true", "train.grad_clip=0"], "train.optimizer_in_backward"),
+])
+def test_bad_settings_are_refused_naming_the_field(sets, field):
+    with pytest.raises(ConfigError, match=f"'{field}'"):
+        load_config(None, sets)
+
+
+@pytest.mark.parametrize("targets, says", [("[nothing_here]", "matches no module"),
+                                           ("[head]", "peft cannot wrap")])
+def test_targets_that_cannot_be_wrapped_are_refused(targets, says):
+    cfg = load_config(None, [*COMMON, "train.lora.rank=2", f"train.lora.targets={targets}"])
+    chosen = choose_model(cfg.model)
+    with torch.device("meta"):
+        model = chosen.build(META)
+    with pytest.raises(ConfigError, match=f"'train.lora.targets'.*{says}"):
+        apply_lora(model, settings=lora_settings(cfg.train.lora))
+
+
+def test_all_linear_leaves_the_head_and_freezes_the_base():
+    _, _, engine = _engine("train.lora.rank=2")
+    names = {n for n, _ in engine.model.named_parameters()}
+    trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+    assert trainable and trainable == {n for n in names if is_adapter(n)}
+    assert not any(n.startswith("blocks.head.") for n in trainable)
+    assert any(".qkv.lora_A." in n for n in trainable) and any(".mlp.2.lora_B." in n for n in trainable)
+
+
+def test_training_changes_adapters_only_and_the_optimizer_holds_them_alone():
+    cfg, chosen, engine = _engine("train.lora.rank=2", "train.lora.alpha=4")
+    model = engine.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # B starts at zero (peft's init): the adapted model starts as the base model
+    assert all(bool((p == 0).all()) for n, p in before.items() if ".lora_B." in n)
+    assert all(bool(p.isfinite().all()) and bool((p != 0).any()) for n, p in before.items() if ".lora_A." in n)
+    optimizer = build_optimizer(engine.parameters(), cfg.train)
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    adapters = {id(p) for n, p in model.named_parameters() if is_adapter(n)}
+    assert held == adapters
+    torch.manual_seed(0)
+    for _ in range(3):
+        engine.forward_backward(_batch(chosen), scaler=None)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert {id(p) for p in optimizer.state} == adapters   # AdamW moments for the adapters alone
+    for n, p in model.named_parameters():
+        if is_adapter(n):
+            continue
+        assert torch.equal(p.detach(), before[n]), f"{n} changed: the base must stay bitwise the same"
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if ".lora_B." in n)
+
+
+def test_merge_gives_the_adapted_models_outputs():
+    _, chosen, engine = _engine("train.lora.rank=2")
+    model = engine.model.eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.1)
+        x = chosen.spec.example_inputs(META, 2)
+        adapted = model(x)
+        merged = merge_adapters(model)
+        assert not any(is_adapter(n) for n, _ in merged.named_parameters())
+        torch.testing.assert_close(merged(x), adapted, rtol=0, atol=1e-5)
+
+
+def _batch(chosen) -> dict[str, torch.Tensor]:
+    x = chosen.spec.example_inputs(META, 4)
+    return {"input_ids": x, "labels": torch.roll(x, -1, dims=1)}
