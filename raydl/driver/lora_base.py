@@ -19,7 +19,7 @@ from raydl import storage
 from raydl.config import JobConfig, lora_settings
 from raydl.errors import ConfigError
 
-__all__ = ["lora_fingerprint", "check_same_base", "check_targets"]
+__all__ = ["lora_fingerprint", "check_same_base", "adapted"]
 
 
 def lora_fingerprint(cfg: JobConfig, init_checkpoint: str | None) -> dict[str, Any]:
@@ -74,9 +74,10 @@ def check_same_base(saved: dict[str, Any], built: dict[str, Any], checkpoint: st
                       f"= {saved.get('lora_base')}, unchanged), or start a new run without --resume")
 
 
-def check_targets(chosen, meta: dict[str, Any], cfg: JobConfig) -> None:
-    """train.lora applied to a meta copy of the model: targets that match nothing or that peft cannot wrap are
-    refused here, before any worker starts."""
+def adapted(chosen, meta: dict[str, Any], cfg: JobConfig, built):
+    """The model (on meta) as the workers will train it: with train.lora, a copy of `built` with its adapters, the
+    rest frozen (what the memory prediction counts gradients and optimizer states of); else `built` itself. Targets
+    that match nothing or that peft cannot wrap are refused here, before any worker starts."""
     import torch
 
     from raydl.models.build import SkipWeightInit
@@ -84,7 +85,8 @@ def check_targets(chosen, meta: dict[str, Any], cfg: JobConfig) -> None:
 
     lora = lora_settings(cfg.train.lora)
     if lora is None:
-        return
+        return built
     with torch.device("meta"), SkipWeightInit():
         model = chosen.build(meta, pp_degree=cfg.parallel.pp_degree)
         apply_lora(model, settings=lora)
+    return model

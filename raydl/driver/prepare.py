@@ -73,12 +73,12 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
         built = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     if write and chosen.spec.blocks:
         chosen.check_blocks(info.meta)
-    check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(built, chosen.spec, info.meta),
+    trained = lora_base.adapted(chosen, info.meta, cfg, built)
+    check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(trained, chosen.spec, info.meta),
                  local=not cluster, launcher=launcher)
     # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
     path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
     init_checkpoint = init_from.resolve(cfg, built, info.meta)
-    lora_base.check_targets(chosen, info.meta, cfg)
     adapters = lora_base.lora_fingerprint(cfg, init_checkpoint)
     dataset = resume_record.dataset_record(data_path, info.digest, info.meta)
     fingerprint = {**chosen.fingerprint(built), **adapters}

@@ -112,3 +112,21 @@ def test_merge_gives_the_adapted_models_outputs():
 def _batch(chosen) -> dict[str, torch.Tensor]:
     x = chosen.spec.example_inputs(META, 4)
     return {"input_ids": x, "labels": torch.roll(x, -1, dims=1)}
+
+
+def test_memory_prediction_counts_gradients_and_optimizer_states_of_the_adapters_alone():
+    from raydl.parallel.memory import predict
+    from raydl.parallel.memory_probe import model_memory
+
+    cfg = load_config(None, COMMON)
+    chosen = choose_model(cfg.model)
+    with torch.device("meta"):
+        full, adapted = chosen.build(META), chosen.build(META)
+    apply_lora(adapted, settings=lora_settings({"rank": 2}))
+    adapter_bytes = sum(p.numel() * 4 for n, p in adapted.named_parameters() if is_adapter(n))
+    before, after = (predict(model_memory(m, chosen.spec, META), dp=2, pp=1, micro_batch=4, wrapper="ddp")
+                     for m in (full, adapted))
+    assert after.parts["weights"] == before.parts["weights"] + adapter_bytes   # the base is still held whole
+    assert after.parts["grads"] == after.parts["ddp buckets"] == adapter_bytes
+    assert after.parts["optimizer"] == 2 * adapter_bytes                       # adamw's two moments
+    assert before.parts["grads"] == before.parts["weights"]
