@@ -130,3 +130,27 @@ def test_memory_prediction_counts_gradients_and_optimizer_states_of_the_adapters
     assert after.parts["grads"] == after.parts["ddp buckets"] == adapter_bytes
     assert after.parts["optimizer"] == 2 * adapter_bytes                       # adamw's two moments
     assert before.parts["grads"] == before.parts["weights"]
+
+
+def test_base_weights_load_from_a_checkpoint_of_full_training(tmp_path):
+    """train.init_from with LoRA: the checkpoint names `q.weight`, the adapted model `q.base_layer.weight`."""
+    from raydl.train import checkpoint as ckpt
+
+    cfg = load_config(None, COMMON)
+    chosen = choose_model(cfg.model)
+    torch.manual_seed(11)
+    trained = chosen.build(META)
+    state = {"step": 1, "samples": 4, "position": {"epoch": 0, "offset": 4}, "model": chosen.fingerprint(trained),
+             "layout": {"world_size": 1}, "scaler": None, "lr": 0.0, "saved_by_ranks": 1}
+    with pytest.warns(UserWarning, match="torch.distributed"):
+        ckpt.save(tmp_path / "step_1", trained, build_optimizer(trained.parameters(), cfg.train), state, rank=0)
+    _, _, engine = _engine("train.lora.rank=2")
+    before = {n: p.detach().clone() for n, p in engine.model.named_parameters() if is_adapter(n)}
+    with pytest.warns(UserWarning, match="torch.distributed"):
+        ckpt.load_weights(tmp_path / "step_1", engine.model)
+    saved = dict(trained.named_parameters())
+    for name, p in engine.model.named_parameters():
+        if is_adapter(name):
+            assert torch.equal(p, before[name]), f"{name}: the adapters are not in a full checkpoint"
+        else:
+            assert torch.equal(p, saved[name.replace(".base_layer.", ".")]), name
