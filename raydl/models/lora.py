@@ -98,7 +98,9 @@ def _shown(targets) -> str:
 
 
 def _examples(model: nn.Module) -> str:
-    leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+    # a leaf's own name, or with its parent's where it is a position in a Sequential (mlp.0)
+    leaves = sorted({".".join(n.split(".")[-2:]) if n.split(".")[-1].isdigit() else n.split(".")[-1]
+                     for n, m in model.named_modules() if isinstance(m, nn.Linear)})
     return ", ".join(leaves[:4]) or "none: this model has no Linear layer"
 
 

@@ -154,3 +154,14 @@ def test_base_weights_load_from_a_checkpoint_of_full_training(tmp_path):
             assert torch.equal(p, before[name]), f"{name}: the adapters are not in a full checkpoint"
         else:
             assert torch.equal(p, saved[name.replace(".base_layer.", ".")]), name
+
+
+def test_raydl_train_refuses_targets_that_match_nothing_before_ray_starts(tiny_overrides, tmp_path, capsys):
+    from raydl.cli import main
+
+    runs = tmp_path / "runs"   # tiny_overrides' run.runs_dir
+    sets = [*tiny_overrides, "train.lora.rank=2", "train.lora.targets=[q_proj]"]
+    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 2
+    err = capsys.readouterr().err
+    assert "'train.lora.targets'" in err and "matches no module" in err and "Fix:" in err and "Traceback" not in err
+    assert not runs.exists()
