@@ -1,6 +1,6 @@
 """LoRA composes with FSDP2, DDP and pipelines, and its checkpoints hold every rank's part of the adapters: a run
 trained at dp=2 under FSDP2 (each rank holds half of each adapter) saves the adapters alone; they load whole, to
-the bit, at pp=2 and at dp=2 under DDP, and the run resumes at dp=1 and trains on (accelerate#4206 saved only
+the bit, at dp=1, at pp=2 and at dp=2 under DDP, and the run resumes at pp=2 and trains on (accelerate#4206 saved only
 rank 0's slice, so a resume on N ranks reset (N-1)/N of the adapter). A resume onto other base weights is refused
 before any worker starts."""
 
@@ -64,16 +64,16 @@ def _load_each(rank: int, world_size: int, layouts: list[list[str]], data_path: 
         assert {id(p) for p in optimizer.state} == {id(p) for p in adapters.values()}
 
 
-def _load_then_resume(rank: int, world_size: int, base: list[str], more: list[str], data_path: str, path: str,
-                      full_pt: str, resumed: str) -> None:
-    """dp=1: the adapters load whole, then the run resumes from the dp=2 FSDP checkpoint and trains on."""
-    _load_each(rank, world_size, [base], data_path, path, full_pt)
+def _load_then_resume(rank: int, world_size: int, layouts: list[list[str]], more: list[str], data_path: str,
+                      path: str, full_pt: str, resumed: str) -> None:
+    """The adapters load whole at each layout, then the run resumes from the FSDP checkpoint and trains on."""
+    _load_each(rank, world_size, layouts, data_path, path, full_pt)
     _train(rank, world_size, more, data_path, resumed, path)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_lora_fsdp_checkpoint_loads_whole_at_pp2_ddp_and_resumes_at_dp1(tiny_overrides, tmp_path):
+def test_lora_fsdp_checkpoint_loads_whole_at_dp1_pp2_ddp_and_resumes_at_pp2(tiny_overrides, tmp_path):
     base = [o for o in tiny_overrides if not o.startswith(("train.max_steps", "checkpoint.every_steps"))]
     base += [f"train.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}", "train.global_batch_size=8",
              "train.micro_batch_size=4", *LORA]
@@ -91,12 +91,17 @@ def test_lora_fsdp_checkpoint_loads_whole_at_pp2_ddp_and_resumes_at_dp1(tiny_ove
     assert any(".lora_B." in n and bool((t != 0).any()) for n, t in saved.items())   # trained away from B = 0
     assert ckpt.read_state(path)["model"]["lora_base_digest"] == lora_fingerprint(cfg, None)["lora_base_digest"]
 
-    pp2 = base + ["parallel.pp_degree=2", "parallel.num_microbatches=2"]
-    run_gloo(_load_each, 2, [pp2, base + ["parallel.dp_wrapper=ddp"]], data_path, str(path), str(full_pt))
-    more = [o for o in base if not o.startswith("train.max_steps")] + [f"train.max_steps={STEPS + 2}"]
+    run_gloo(_load_each, 1, [base], data_path, str(path), str(full_pt))   # dp=1: every rank's part, whole
+    pp2 = ["parallel.pp_degree=2", "parallel.num_microbatches=2"]
+    more = [o for o in base if not o.startswith("train.max_steps")] + [f"train.max_steps={STEPS + 2}", *pp2]
     resumed = tmp_path / "resumed"
-    run_gloo(_load_then_resume, 1, base, more, data_path, str(path), str(full_pt), str(resumed))
-    assert ckpt.find_latest(resumed).name == ckpt.checkpoint_name(STEPS + 2)
+    run_gloo(_load_then_resume, 2, [base + pp2, base + ["parallel.dp_wrapper=ddp"]], more, data_path, str(path),
+             str(full_pt), str(resumed))   # then the run goes on in a pipeline of two stages
+    resumed_at = ckpt.find_latest(resumed)
+    assert resumed_at.name == ckpt.checkpoint_name(STEPS + 2)
+    dcp_to_torch_save(resumed_at, tmp_path / "resumed.pt")
+    after = torch.load(tmp_path / "resumed.pt", weights_only=False)["model"]
+    assert after.keys() == saved.keys() and any(not torch.equal(after[n], saved[n]) for n in saved)
 
     from raydl.driver.prepare import check_resume
     other_base = load_config(None, [*more, "train.seed=7"])   # the base drawn from another seed
