@@ -166,9 +166,9 @@ class TrainSection:
                         "step 0 on this run's dataset, at any layout. The model this config builds must fit the "
                         "weights, and its vocabulary the dataset's tokenizer (both checked before any worker starts). "
                         "Not a resume (--resume continues a run).")
-    lora: dict[str, Any] = _f({}, "LoRA through peft (`pip install \"raydl[lora]\"`): train low-rank adapters on chosen "
-                              "Linear layers, the model's own weights frozen (their values bitwise unchanged; no "
-                              "gradients and no optimizer state for them). Empty = off (full fine-tuning). Keys: rank "
+    lora: dict[str, Any] = _f({}, "LoRA through peft (`pip install \"raydl[lora]\"`): train low-rank adapters on "
+                              "chosen Linear layers, the model's own weights frozen (their values bitwise unchanged; "
+                              "no gradients and no optimizer state for them). Empty = off (full fine-tuning). Keys: rank "
                               "(int >= 1, required, e.g. --set train.lora.rank=8), alpha (scale numerator, default "
                               "2 x rank), dropout (on the adapters' input, 0 <= p < 1, default 0), targets (list of "
                               "module names or name suffixes, e.g. [q_proj, v_proj] or [qkv]; default all-linear: "
@@ -199,7 +199,8 @@ def lora_settings(values: dict[str, Any]) -> LoraSettings | None:
         return None
     for key in values:
         if key not in LORA_KEYS:
-            raise ConfigError(f"train.lora.{key}", "is not a LoRA setting", f"use {', '.join(f'train.lora.{k}' for k in LORA_KEYS)}")
+            raise ConfigError(f"train.lora.{key}", "is not a LoRA setting",
+                              f"use {', '.join(f'train.lora.{k}' for k in LORA_KEYS)}")
     rank = values.get("rank")
     if type(rank) is not int or rank < 1:
         raise ConfigError("train.lora.rank", f"is {rank!r}" if "rank" in values else "is missing (LoRA is on: "

@@ -67,7 +67,8 @@ def check_same_base(saved: dict[str, Any], built: dict[str, Any], checkpoint: st
     if "lora_base_digest" not in saved or saved["lora_base_digest"] == built.get("lora_base_digest"):
         return
     now = built.get("lora_base", "no base weights (train.lora is empty)")
-    raise ConfigError("train.init_from", f"gives the base weights {now} (sha256 {str(built.get('lora_base_digest'))[:12]}…), "
+    digest = str(built.get("lora_base_digest"))[:12]
+    raise ConfigError("train.init_from", f"gives the base weights {now} (sha256 {digest}…), "
                       f"but the adapters in checkpoint '{checkpoint}' were trained on {saved.get('lora_base')} "
                       f"(sha256 {saved['lora_base_digest'][:12]}…): adapters on other base weights compute another "
                       f"model", f"resume with the base the run trained on (train.init_from or model.options.weights "

@@ -32,7 +32,8 @@ TOLERANCE = 1e-5   # largest |difference| allowed between the exported model's o
 def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Path | str:
     """Write `source`'s checkpoint to the new directory `out` (a path or a URI) in format `fmt`; returns `out`."""
     if fmt not in FORMATS:
-        raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}", "use --format hf, pt2, onnx or peft")
+        raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}",
+                          "use --format hf, pt2, onnx or peft")
     fs, remote = storage.check(out, "--out")
     target = Path(os.path.abspath(remote)) if isinstance(fs, pafs.LocalFileSystem) else None
     _refuse_existing(out, fs, remote)

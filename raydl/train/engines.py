@@ -1,9 +1,9 @@
 """An engine = the model laid out over the worker group plus how to run one step on it.
 
 `build_engine` resolves the layout for this world size (`layout_for`), builds the mesh and applies the
-parallelisms in a fixed order: LoRA adapters (train.lora), float8 layers (train.precision=fp8), activation checkpointing, per-block compile,
-pipeline split, then data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
-allocates only the tensors it keeps). The loop only talks to an `Engine`.
+parallelisms in a fixed order: LoRA adapters (train.lora), float8 layers (train.precision=fp8), activation
+checkpointing, per-block compile, pipeline split, then data parallelism per stage, which materializes a model built
+on meta (torchtitan's order: a rank allocates only the tensors it keeps). The loop only talks to an `Engine`.
 """
 
 from __future__ import annotations
