@@ -13,6 +13,7 @@ model; the merged model (--format hf) needs none.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -68,6 +69,8 @@ class PeftExport:
         from transformers import AutoModelForCausalLM
 
         base = AutoModelForCausalLM.from_pretrained(self.base, local_files_only=True, use_safetensors=True)
-        loaded = PeftModel.from_pretrained(base, str(out), local_files_only=True).eval()
+        with warnings.catch_warnings():   # transformers' deprecation notes to peft, not to the user
+            warnings.simplefilter("ignore", FutureWarning)
+            loaded = PeftModel.from_pretrained(base, str(out), local_files_only=True).eval()
         x = self.trained.choice.spec.example_inputs(self.trained.meta, 2)
         require_close(loaded(input_ids=x, use_cache=False).logits, self.model(x), "peft adapter")

@@ -218,8 +218,13 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
     Manager averages the gradients over the live workers."""
     lora = lora_settings(cfg.train.lora)
     if lora:   # before everything: every later wrapper sees the adapters, and the planner their trainable size
-        apply_lora(model, settings=lora)
+        targets = apply_lora(model, settings=lora)
         init = adapter_init(init, model) if init else None
+        if session.rank == 0:
+            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in model.parameters())
+            log.info(f"train.lora: rank-{lora.rank} adapters on {len(targets)} modules, {trained:,} trainable "
+                     f"parameters ({trained / total:.2%} of {total:,}); the rest frozen")
     layout = choose_layout(model, cfg, spec, session, meta, init)
     if survivors:
         layout = dataclasses.replace(layout, dp_wrapper="torchft", dp_wrapper_reason="gradients averaged over the "
