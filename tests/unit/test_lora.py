@@ -165,3 +165,20 @@ def test_raydl_train_refuses_targets_that_match_nothing_before_ray_starts(tiny_o
     err = capsys.readouterr().err
     assert "'train.lora.targets'" in err and "matches no module" in err and "Fix:" in err and "Traceback" not in err
     assert not runs.exists()
+
+
+def test_the_base_digest_follows_the_weights_files_and_a_changed_base_is_refused(tmp_path):
+    from raydl.driver.lora_base import check_same_base, lora_fingerprint
+
+    (tmp_path / "model.safetensors").write_bytes(b"weights, version 1")
+    sets = ["model.name=hf", f"model.options.weights={tmp_path}", "train.lora.rank=4"]
+    first = lora_fingerprint(load_config(None, sets), None)
+    assert first["lora_base"] == str(tmp_path) and first["lora"] == "rank=4 alpha=8 dropout=0 targets=all-linear"
+    assert lora_fingerprint(load_config(None, sets), None) == first
+    check_same_base(first, dict(first), "ckpt")   # the same base: resumes
+    (tmp_path / "model.safetensors").write_bytes(b"weights, version 2")
+    changed = lora_fingerprint(load_config(None, sets), None)
+    assert changed["lora_base_digest"] != first["lora_base_digest"]
+    with pytest.raises(ConfigError, match="'train.init_from'.*were trained on"):
+        check_same_base(first, changed, "ckpt")
+    assert lora_fingerprint(load_config(None, []), None) == {}   # no LoRA: nothing recorded
