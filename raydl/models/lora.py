@@ -19,7 +19,7 @@ from torch import nn
 from raydl.config import ALL_LINEAR, LoraSettings
 from raydl.errors import ConfigError
 
-__all__ = ["apply_lora", "adapter_init", "is_adapter", "has_adapters", "base_name", "merge_adapters",
+__all__ = ["apply_lora", "adapter_init", "is_adapter", "base_name", "merge_adapters",
            "peft_config", "target_names"]
 
 ADAPTER = "default"        # peft's adapter name: one adapter per run
@@ -30,10 +30,6 @@ FIELD = "train.lora.targets"
 def is_adapter(name: str) -> bool:
     """Whether the parameter (or module) `name` belongs to an adapter."""
     return any(f".{part}." in f".{name}." for part in ADAPTER_PARTS)
-
-
-def has_adapters(model: nn.Module) -> bool:
-    return any(is_adapter(name) for name, _ in model.named_parameters())
 
 
 def base_name(name: str) -> str:
