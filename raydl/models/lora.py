@@ -63,16 +63,16 @@ def peft_config(settings: LoraSettings, targets: list[str]):
 def apply_lora(model: nn.Module, *, settings: LoraSettings) -> list[str]:
     """Inject adapters into `model` in place and freeze everything else; returns the wrapped modules' names. What
     cannot be wrapped is refused naming train.lora.targets."""
-    try:
-        from peft import inject_adapter_in_model
-    except ImportError:
-        raise ConfigError("train.lora", "needs the peft library, which is not installed",
-                          'pip install "raydl[lora]", or leave train.lora empty') from None
     targets = target_names(model, settings)
     if not targets:
         raise ConfigError(FIELD, f"is {_shown(settings.targets)}, which matches no module of model "
                           f"'{type(model).__name__}'", f"name Linear layers of the model (e.g. {_examples(model)}), "
                           f"or use {ALL_LINEAR}")
+    try:
+        from peft import inject_adapter_in_model
+    except ImportError:
+        raise ConfigError("train.lora", "needs the peft library, which is not installed",
+                          'pip install "raydl[lora]", or leave train.lora empty') from None
     tied = {name.rsplit(".", 1)[0] for pair in getattr(model, "tied", {}).items() for name in pair}
     if tied & set(targets):
         raise ConfigError(FIELD, f"includes {sorted(tied & set(targets))[0]}, whose weight is tied to another "

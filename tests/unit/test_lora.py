@@ -1,6 +1,7 @@
 """train.lora: its settings and refusals, apply_lora on a model built on meta (as a worker builds it), the base
 weights frozen and bitwise unchanged by training, and the optimizer holding the adapters alone. One process, no
-process group: the layouts are tests/dist/test_lora_resume.py's."""
+process group: the layouts are tests/dist/test_lora_resume.py's. Tests that inject adapters import peft, which
+imports transformers (~5 s): marked slow, as the project's other transformers tests."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_bad_settings_are_refused_naming_the_field(sets, field):
 
 
 @pytest.mark.parametrize("targets, says", [("[nothing_here]", "matches no module"),
-                                           ("[head]", "peft cannot wrap")])
+                                           pytest.param("[head]", "peft cannot wrap", marks=pytest.mark.slow)])
 def test_targets_that_cannot_be_wrapped_are_refused(targets, says):
     cfg = load_config(None, [*COMMON, "train.lora.rank=2", f"train.lora.targets={targets}"])
     chosen = choose_model(cfg.model)
@@ -62,6 +63,7 @@ def test_targets_that_cannot_be_wrapped_are_refused(targets, says):
         apply_lora(model, settings=lora_settings(cfg.train.lora))
 
 
+@pytest.mark.slow   # imports peft
 def test_all_linear_leaves_the_head_and_freezes_the_base():
     _, _, engine = _engine("train.lora.rank=2")
     names = {n for n, _ in engine.model.named_parameters()}
@@ -71,6 +73,7 @@ def test_all_linear_leaves_the_head_and_freezes_the_base():
     assert any(".qkv.lora_A." in n for n in trainable) and any(".mlp.2.lora_B." in n for n in trainable)
 
 
+@pytest.mark.slow   # imports peft
 def test_training_changes_adapters_only_and_the_optimizer_holds_them_alone():
     cfg, chosen, engine = _engine("train.lora.rank=2", "train.lora.alpha=4")
     model = engine.model
@@ -95,6 +98,7 @@ def test_training_changes_adapters_only_and_the_optimizer_holds_them_alone():
     assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if ".lora_B." in n)
 
 
+@pytest.mark.slow   # imports peft
 def test_merge_gives_the_adapted_models_outputs():
     _, chosen, engine = _engine("train.lora.rank=2")
     model = engine.model.eval()
@@ -114,6 +118,7 @@ def _batch(chosen) -> dict[str, torch.Tensor]:
     return {"input_ids": x, "labels": torch.roll(x, -1, dims=1)}
 
 
+@pytest.mark.slow   # imports peft
 def test_memory_prediction_counts_gradients_and_optimizer_states_of_the_adapters_alone():
     from raydl.parallel.memory import predict
     from raydl.parallel.memory_probe import model_memory
@@ -132,6 +137,7 @@ def test_memory_prediction_counts_gradients_and_optimizer_states_of_the_adapters
     assert before.parts["grads"] == before.parts["weights"]
 
 
+@pytest.mark.slow   # imports peft
 def test_base_weights_load_from_a_checkpoint_of_full_training(tmp_path):
     """train.init_from with LoRA: the checkpoint names `q.weight`, the adapted model `q.base_layer.weight`."""
     from raydl.train import checkpoint as ckpt
