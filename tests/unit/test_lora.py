@@ -188,3 +188,14 @@ def test_the_base_digest_follows_the_weights_files_and_a_changed_base_is_refused
     with pytest.raises(ConfigError, match="'train.init_from'.*were trained on"):
         check_same_base(first, changed, "ckpt")
     assert lora_fingerprint(load_config(None, []), None) == {}   # no LoRA: nothing recorded
+
+
+@pytest.mark.parametrize("args, field", [(["--adapter", "a", "--out", "b"], "--adapter"),
+                                         (["--adapter", "a", "--format", "hf"], "--adapter"),
+                                         (["--format", "hf"], "--out")])
+def test_export_arguments_that_contradict_exit_2(args, field, tmp_path, capsys):
+    from raydl.cli import main
+
+    assert main(["export", str(tmp_path), *args]) == 2
+    assert f"'{field}'" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
