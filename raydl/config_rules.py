@@ -92,6 +92,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError("train.host_mmap_threshold_kib", f"is {t.host_mmap_threshold_kib!r}",
                           "use 'auto', 0 (glibc's default) or a size in KiB up to 32768")
     _check_in_backward(cfg)
+    _check_lora(cfg)
     pp = cfg.parallel.pp_degree
     if not (pp == "auto" or (isinstance(pp, int) and pp >= 1)):
         raise ConfigError("parallel.pp_degree", f"is {pp!r}", "use a positive integer or 'auto'")
@@ -117,6 +118,21 @@ def _check_in_backward(cfg: Any) -> None:
                               f"true cannot work with: each block is stepped in backward, as soon as FSDP2 "
                               f"has reduced its gradients", f"set --set {path}={fix}, or "
                               f"--set train.optimizer_in_backward=false")
+
+
+def _check_lora(cfg: Any) -> None:
+    """What LoRA does not compose with, refused before any worker starts."""
+    if not cfg.train.lora:
+        return
+    conflicts = {"train.precision": (cfg.train.precision == "fp8", "bf16", "fp8 swaps the Linear layers for "
+                                     "torchao's Float8Linear, which peft cannot wrap"),
+                 "train.optimizer_in_backward": (cfg.train.optimizer_in_backward, "false", "it steps whole blocks "
+                                                 "as their gradients arrive, and a block's frozen weights have none")}
+    for path, (conflict, fix, why) in conflicts.items():
+        if conflict:
+            section, key = path.split(".")
+            raise ConfigError(path, f"is {getattr(getattr(cfg, section), key)!r}, which train.lora cannot work "
+                              f"with: {why}", f"set --set {path}={fix}, or leave train.lora empty (full fine-tuning)")
 
 
 def check_tracker(path: str, settings: dict[str, Any], *, required: tuple[str, ...], optional: tuple[str, ...]) -> None:

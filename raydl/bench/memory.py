@@ -90,6 +90,7 @@ def predicted(overrides: list[str], data_cache: Path, device_type: str = "cpu") 
     """The prediction for this config, per pipeline rank (MiB), what building holds, and the model's fp32 size."""
     import torch
 
+    from raydl.driver.lora_base import adapted
     from raydl.models.build import SkipWeightInit
     from raydl.models.choice import choose_model
     from raydl.overrides import load_config
@@ -103,7 +104,7 @@ def predicted(overrides: list[str], data_cache: Path, device_type: str = "cpu") 
     info = chosen.open_dataset(cfg)
     with torch.device("meta"), SkipWeightInit():
         model = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
-    mm = model_memory(model, chosen.spec, info.meta)
+    mm = model_memory(adapted(chosen, info.meta, cfg, model), chosen.spec, info.meta)   # train.lora's adapters
     layout = layout_for(cfg, cfg.scaling.max_workers, num_blocks=len(mm.blocks), model_memory=mm)
     p = predict_memory(layout, mm, Setting.from_config(cfg, device_type))
     share = build_bytes(mm, dp=layout.dp, pp=layout.pp, schedule=layout.schedule, stage_cuts=layout.stage_cuts,

@@ -22,7 +22,7 @@ import torch
 
 from raydl import storage
 from raydl.config import JobConfig, default_run_dir
-from raydl.driver import init_from
+from raydl.driver import init_from, lora_base
 from raydl.driver import resume as resume_record
 from raydl.driver.run_location import RUN_ID_FILE, checkpoints_location, read_run_id
 from raydl.metrics import tensorboard, trackers
@@ -73,13 +73,16 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
         built = chosen.build(info.meta, pp_degree=cfg.parallel.pp_degree)
     if write and chosen.spec.blocks:
         chosen.check_blocks(info.meta)
-    check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(built, chosen.spec, info.meta),
+    trained = lora_base.adapted(chosen, info.meta, cfg, built)
+    check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(trained, chosen.spec, info.meta),
                  local=not cluster, launcher=launcher)
     # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
     path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
     init_checkpoint = init_from.resolve(cfg, built, info.meta)
+    adapters = lora_base.lora_fingerprint(cfg, init_checkpoint)
     dataset = resume_record.dataset_record(data_path, info.digest, info.meta)
-    resume_from = check_resume(resume, cfg, chosen.fingerprint(built), dataset, announce=write) if resume else None
+    fingerprint = {**chosen.fingerprint(built), **adapters}
+    resume_from = check_resume(resume, cfg, fingerprint, dataset, announce=write) if resume else None
     run_dir = Path(run_dir or default_run_dir(cfg, time.strftime("%Y%m%d-%H%M%S"))).resolve()
     run_id = claim_run_dir(run_dir, cfg, reuse_same_config=launcher == "torchrun", write=write)
     if write and not (run_dir / resume_record.DATASET_FILE).exists():
@@ -87,7 +90,7 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     local_data = not storage.is_uri(data_path)
     job = {"config": cfg.to_dict(), "data_path": str(Path(data_path).resolve()) if local_data else data_path,
            "run_dir": str(run_dir), "run_id": run_id, "resume_from": str(resume_from) if resume_from else None,
-           "init_from": init_checkpoint, "model": model, "import_dir": chosen.import_dir}
+           "init_from": init_checkpoint, "model": model, "import_dir": chosen.import_dir, "lora_fingerprint": adapters}
     if path:
         job["recovery"] = dataclasses.asdict(path)
     return PreparedRun(cfg, run_dir, job)
@@ -105,8 +108,10 @@ def check_resume(resume: str, cfg: JobConfig, fingerprint: dict[str, Any], datas
     if announce:
         log.info(resume_record.diff_line(record, diff) if record else
                  f"--resume {resume}: no config.yaml of its run found, so the config is --config/--set over the defaults")
+    saved_model = ckpt.read_state(resume_from).get("model", {})
+    lora_base.check_same_base(saved_model, fingerprint, str(resume_from))
     problem = resume_record.refusal(record, diff, checkpoint=str(resume_from), dataset=dataset, built_model=fingerprint,
-                                    saved_model=ckpt.read_state(resume_from).get("model", {}))
+                                    saved_model=saved_model)
     if problem:
         raise problem
     return resume_from

@@ -2,6 +2,7 @@
 
     raydl export runs/<run> --format hf --out my_model     # model.name=hf: save_pretrained output
     raydl export runs/<run>/train/step_00000200 --format pt2 --out my_program   # any model: torch.export
+    raydl export runs/<lora run> --adapter my_adapter      # train.lora: a peft adapter directory (--format peft)
 
 Any layout's checkpoint (dp × pp, any world size) exports: the model is rebuilt whole on the CPU
 (`raydl.export.trained`). The output is written beside --out and renamed into place after it was
@@ -24,14 +25,15 @@ import torch
 from raydl import storage
 from raydl.errors import ConfigError
 
-FORMATS = ("hf", "pt2", "onnx")
+FORMATS = ("hf", "pt2", "onnx", "peft")
 TOLERANCE = 1e-5   # largest |difference| allowed between the exported model's outputs and raydl's
 
 
 def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Path | str:
     """Write `source`'s checkpoint to the new directory `out` (a path or a URI) in format `fmt`; returns `out`."""
     if fmt not in FORMATS:
-        raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}", "use --format hf, pt2 or onnx")
+        raise ConfigError("--format", f"is {fmt!r}, not one of {', '.join(FORMATS)}",
+                          "use --format hf, pt2, onnx or peft")
     fs, remote = storage.check(out, "--out")
     target = Path(os.path.abspath(remote)) if isinstance(fs, pafs.LocalFileSystem) else None
     _refuse_existing(out, fs, remote)
@@ -42,6 +44,8 @@ def export(source: str, *, fmt: str, out: str, config: str | None = None) -> Pat
         from raydl.export.hf import HfExport as Writer
     elif fmt == "pt2":
         from raydl.export.pt2 import Pt2Export as Writer
+    elif fmt == "peft":
+        from raydl.export.peft_adapter import PeftExport as Writer
     else:
         from raydl.export.onnx import OnnxExport as Writer
     writer = Writer(trained)   # everything is loaded and checked before anything is written

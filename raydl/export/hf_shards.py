@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from raydl.train import safe_dcp
 
-__all__ = ["MAX_SHARD_BYTES", "write_shards"]
+__all__ = ["MAX_SHARD_BYTES", "save_safetensors", "write_shards"]
 
 MAX_SHARD_BYTES = 2**30
 MODEL_KEY = "model"   # raydl.train.checkpoint saves {"model": ..., "optim": ...}
@@ -37,7 +37,7 @@ def write_shards(checkpoint: str | Path, names: dict[str, str], out: Path, *, ma
     weight_map = {}
     for file, shard in zip(files, shards):
         tensors = _read(checkpoint, {name: sizes[name] for name in shard})
-        _save(out / file, {names[name]: t for name, t in tensors.items()})
+        save_safetensors(out / file, {names[name]: t for name, t in tensors.items()})
         weight_map.update({names[name]: file for name in shard})
         del tensors
     total = sum(sizes[n].properties.dtype.itemsize * _numel(sizes[n].size) for n in names)
@@ -84,7 +84,7 @@ def _read(checkpoint: str | Path, entries: dict[str, TensorStorageMetadata]) -> 
     return state
 
 
-def _save(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+def save_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"format": "pt"})   # transformers refuses files without a format

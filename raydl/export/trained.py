@@ -18,13 +18,15 @@ from pathlib import Path
 import torch
 
 from raydl import storage
-from raydl.config import JobConfig
+from raydl.config import JobConfig, lora_settings
 from raydl.data.dataset import DatasetInfo
 from raydl.errors import CheckpointError
 from raydl.models.blocks import BlockModel
 from raydl.models.choice import ModelChoice, choose_model
+from raydl.models.lora import adapter_init, apply_lora
 from raydl.overrides import load_config
 from raydl.train import checkpoint as ckpt
+from raydl.train.model_build import build_for_worker
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_FORM = "a run directory or one of its checkpoints (runs/<run>/train/step_NNNNNNNN)"
@@ -36,28 +38,67 @@ class Trained:
     cfg: JobConfig
     choice: ModelChoice
     data: DatasetInfo
+    adapters: Adapters | None = None   # a LoRA run's (train.lora)
 
     @property
     def meta(self) -> dict:
         return self.data.meta
 
     def load_into(self, model: BlockModel) -> BlockModel:
-        """The checkpoint's weights in `model` (built from this config), in eval mode."""
+        """The checkpoint's weights in `model` (built from this config by `build`), in eval mode."""
+        fingerprint = self.adapters.fingerprint if self.adapters else self.choice.fingerprint(model)
         with warnings.catch_warnings():   # DCP's note that it loads without a process group: that is the intent
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            ckpt.load(self.checkpoint, model, [], self.choice.fingerprint(model))
+            ckpt.load(self.checkpoint, model, [], fingerprint)
         return model.eval()
 
     def build(self) -> BlockModel:
-        torch.manual_seed(self.cfg.train.seed)
-        return self.choice.build(self.meta)
+        """The model this config trains; a LoRA run's with its adapters, on its base weights, as a worker builds
+        it (its initial values seeded per module name: raydl.parallel.materialize)."""
+        if self.adapters is None:
+            torch.manual_seed(self.cfg.train.seed)
+            return self.choice.build(self.meta)
+        model, init = build_for_worker(self.choice, self.meta, self.cfg)
+        apply_lora(model, settings=lora_settings(self.cfg.train.lora))
+        if init is not None:
+            adapter_init(init, model)(model, torch.device("cpu"))
+        if self.adapters.base_checkpoint:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+                ckpt.load_weights(self.adapters.base_checkpoint, model)
+        return model
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What a LoRA run's export needs beyond its checkpoint: the checkpoint the base weights are read from (None:
+    model.options.weights or train.seed) and the fingerprint (adapters and base digest) the checkpoint must hold."""
+    base_checkpoint: str | None
+    fingerprint: dict
+
+
+def _adapters(checkpoint: Path | str, cfg: JobConfig, choice: ModelChoice, data: DatasetInfo) -> Adapters | None:
+    """A LoRA run's base weights, found where the run found them and checked against the digest its checkpoint
+    recorded (the same refusal as a resume's)."""
+    if lora_settings(cfg.train.lora) is None:
+        return None
+    from raydl.driver import init_from, lora_base
+    from raydl.models.build import SkipWeightInit
+
+    with torch.device("meta"), SkipWeightInit():
+        plain = choice.build(data.meta)
+    base_checkpoint = init_from.resolve(cfg, plain, data.meta)
+    fingerprint = {**choice.fingerprint(plain), **lora_base.lora_fingerprint(cfg, base_checkpoint)}
+    lora_base.check_same_base(ckpt.read_state(checkpoint).get("model", {}), fingerprint, str(checkpoint))
+    return Adapters(base_checkpoint, fingerprint)
 
 
 def find_trained(source: str, *, config: str | None = None) -> Trained:
     checkpoint = find_checkpoint(source)
     cfg = load_config(config or str(_run_config(checkpoint, source)), [])
     choice = choose_model(cfg.model)
-    return Trained(checkpoint, cfg, choice, choice.open_dataset(cfg))
+    data = choice.open_dataset(cfg)
+    return Trained(checkpoint, cfg, choice, data, _adapters(checkpoint, cfg, choice, data))
 
 
 def find_checkpoint(source: str) -> Path | str:

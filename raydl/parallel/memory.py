@@ -6,8 +6,9 @@
 What one rank holds at its peak (bytes; "owned" = the parameters of its stage(s), divided over dp under FSDP2
 fully_shard; parameters stay fp32 masters in every precision):
     weights      owned parameters (0 on the device with CPU offload: they live in host memory)
-    grads        one gradient per owned parameter (fp32: FSDP2 reduces in fp32)
-    optimizer    adamw: 2 states per parameter; sgd with momentum: 1; sgd without: 0
+    grads        one gradient per owned trainable parameter (fp32: FSDP2 reduces in fp32); with train.lora the
+                 adapters alone (the base weights are frozen), as for the optimizer states, buckets and step
+    optimizer    adamw: 2 states per trainable parameter; sgd with momentum: 1; sgd without: 0
     ddp buckets  classic DDP's gradient buckets: a second copy of the gradients
     unsharded    FSDP2's all-gathered parameters in the compute dtype: at pp = 1 one block being computed, the
                  next one prefetched and the block's unsharded gradient (3 x the largest block); with pp > 1 the
@@ -58,6 +59,11 @@ class BlockMemory:
     activation_bytes: float     # saved for backward, per sample, fp32 compute
     output_bytes: float         # the block's output per sample (what activation checkpointing keeps)
     largest_tensor_bytes: int = 0
+    trainable_bytes: int | None = None   # fp32 parameters that train (LoRA: the adapters alone); None = all of them
+
+    @property
+    def trained_bytes(self) -> int:
+        return self.param_bytes if self.trainable_bytes is None else self.trainable_bytes
 
 
 @dataclass(frozen=True)
@@ -172,12 +178,16 @@ def _rank_parts(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], 
     bf16 = setting.precision in BF16_COMPUTE
     fsdp2_mixed = bf16 and wrapper in ("fsdp", "replicate") and dp > 1   # MixedPrecisionPolicy(param_dtype=bf16)
     compute_share = 0.5 if bf16 else 1.0   # bytes of a compute-dtype copy per fp32 byte
-    static = {"weights": owned, "grads": owned, "optimizer": owned * setting.optimizer_states}
+    # Gradients and optimizer states exist for the trainable parameters alone (train.lora: the adapters).
+    frozen = any(b.trained_bytes < b.param_bytes for b in model.blocks)
+    trained = sum(b.trained_bytes for b in blocks) - (model.tied_bytes if pp == 1 and not frozen else 0)
+    owned_trained = trained / dp if fsdp else trained
+    static = {"weights": owned, "grads": owned_trained, "optimizer": owned_trained * setting.optimizer_states}
     offloaded = 0
     if setting.cpu_offload and setting.device_type == "cuda" and fsdp:
         offloaded = sum(static.values())
         static = {name: 0 for name in static}
-    parts = {**static, "ddp buckets": owned if wrapper == "ddp" and dp > 1 else 0}
+    parts = {**static, "ddp buckets": owned_trained if wrapper == "ddp" and dp > 1 else 0}
     if fsdp:
         largest = max(b.param_bytes for b in blocks)
         gathered = params if pp > 1 else 2 * largest   # no resharding after forward with a pipeline
@@ -188,7 +198,7 @@ def _rank_parts(model: ModelMemory, rank: int, stages: list[list[BlockMemory]], 
         parts["casts"] = 0.5 * params
     parts["activations"] = _activations(model, rank, stages, pp=pp, micro_batch=micro_batch, m=m, schedule=schedule,
                                         setting=setting)
-    largest_owned = max(b.largest_tensor_bytes for b in blocks) / (dp if fsdp else 1)
+    largest_owned = max(min(b.largest_tensor_bytes, b.trained_bytes) for b in blocks) / (dp if fsdp else 1)
     parts["step"] = largest_owned * _step_temporaries(setting) * (0 if offloaded else 1)
     if setting.optimizer_in_backward:   # each gradient freed by its own step, during backward
         in_flight = _gradients_in_flight(blocks, dp=dp if fsdp else 1)

@@ -29,15 +29,16 @@ log = logging.getLogger(__name__)
 def model_memory(model: BlockModel, spec: ModelSpec, meta: dict[str, Any]) -> ModelMemory:
     """Per block: fp32 parameter bytes, the largest tensor, and (when the model is on meta and its forward runs
     there) the activation and output bytes of one sample."""
-    sizes = [(name, _param_bytes(block), _largest(block)) for name, block in model.blocks.items()]
+    sizes = [(name, _param_bytes(block), _largest(block), _param_bytes(block, trainable=True))
+             for name, block in model.blocks.items()]
     tied = sum(_param_bytes(block) for block in model.blocks.values()) - _param_bytes(model)
     by_chunks = chunked(spec.loss, model)
     with head_output(model, hidden=by_chunks):   # as the step runs it (raydl.models.loss.model_loss)
         counted = _meta_activations(model, spec, meta) if _on_meta(model) else None
     if counted is None:
-        return ModelMemory(tuple(BlockMemory(n, p, 0.0, 0.0, t) for n, p, t in sizes), activations_known=False,
+        return ModelMemory(tuple(BlockMemory(n, p, 0.0, 0.0, t, g) for n, p, t, g in sizes), activations_known=False,
                            tied_bytes=tied)
-    blocks = tuple(BlockMemory(n, p, act, out, t) for (n, p, t), (act, out) in zip(sizes, counted))
+    blocks = tuple(BlockMemory(n, p, act, out, t, g) for (n, p, t, g), (act, out) in zip(sizes, counted))
     if not by_chunks:
         return ModelMemory(blocks, loss_bytes=blocks[-1].output_bytes, tied_bytes=tied)   # logits' log-probabilities
     # Chunk by chunk: the head's hidden states and each token's label and log-sum-exp kept, one chunk's logits
@@ -56,8 +57,9 @@ def from_profile(profile: ModelProfile) -> ModelMemory:
     return ModelMemory(blocks, loss_bytes=blocks[-1].output_bytes)
 
 
-def _param_bytes(module: nn.Module) -> int:
-    return sum(p.numel() * 4 if p.is_floating_point() else p.numel() * p.element_size() for p in module.parameters())
+def _param_bytes(module: nn.Module, *, trainable: bool = False) -> int:
+    return sum(p.numel() * 4 if p.is_floating_point() else p.numel() * p.element_size() for p in module.parameters()
+               if p.requires_grad or not trainable)
 
 
 def _largest(module: nn.Module) -> int:

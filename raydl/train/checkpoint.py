@@ -20,6 +20,7 @@ and loading reads such a download too (DCP and the checksums read local files).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ import pyarrow.fs as pafs
 from raydl import storage
 from raydl.checksum import sha256_file
 from raydl.errors import CheckpointError, is_out_of_memory
+from raydl.models.lora import base_name, is_adapter
 from raydl.train import safe_dcp
 from raydl.train.checkpoint_state import FORMAT, state_problem
 from raydl.train.optim import states_one_by_one
@@ -95,12 +97,26 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
     path.mkdir(parents=True, exist_ok=True)
     with states_one_by_one(optimizer):
         msd, osd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER)
+    msd = trained_part(msd, model)
     tied = tied_pairs(model)
     dcp.save({"model": stored(msd, tied), "optim": stored(osd, tied)}, checkpoint_id=str(path))
     mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / safe_dcp.METADATA_FILE] if rank == 0 else [])
     _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
     if rank == 0:
         _write_atomic(path / STATE_FILE, json.dumps({"format": FORMAT, **state}, indent=1))
+
+
+def adapted(model: nn.Module) -> bool:
+    """Whether `model` (this rank's part) trains adapters on frozen weights (train.lora, the only thing raydl
+    freezes): a pipeline stage may hold frozen weights and no adapter (a head that none targets)."""
+    return any(not p.requires_grad for p in model.parameters())
+
+
+def trained_part(msd: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """What a checkpoint holds of the model: a LoRA run's adapters alone (its base weights are frozen, and recorded
+    by location and digest in the fingerprint: raydl.driver.lora_base), else every tensor. Each rank's part of
+    each adapter, whatever the layout: DCP reshards them as it does whole models."""
+    return {key: value for key, value in msd.items() if is_adapter(key)} if adapted(model) else msd
 
 
 def tied_pairs(model: nn.Module) -> dict[str, str]:
@@ -294,11 +310,12 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
         options = StateDictOptions() if NESTED_KEY in reader.metadata.state_dict_metadata else FLAT_OPTIMIZER
         with states_one_by_one(optimizer):
             msd, osd = get_state_dict(model, optimizer, options=options)
-        tied = tied_pairs(model)
+        msd, tied = trained_part(msd, model), tied_pairs(model)
         read = {"model": stored(msd, tied), "optim": stored(osd, tied)}
         dcp.load(read, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
         msd, osd = unstored(msd, read["model"], tied), unstored(osd, read["optim"], tied)
-        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=options)
+        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd,
+                       options=dataclasses.replace(options, strict=not adapted(model)))
     return state
 
 
@@ -309,9 +326,12 @@ def load_weights(path: str | Path, model: nn.Module) -> None:
         with storage.local_copy(str(path), "train.init_from") as local:
             return load_weights(local, model)
     with _loading(path):
-        msd = get_model_state_dict(model)
+        # A LoRA model's base weights, under the names the model had without adapters (the checkpoint's).
+        msd = {base_name(key): value for key, value in get_model_state_dict(model).items() if not is_adapter(key)}
         dcp.load({"model": msd}, storage_reader=safe_dcp.CheckedReader(path), planner=safe_dcp.WeightsOnlyPlanner())
-        set_model_state_dict(model, msd)
+        if adapted(model):
+            msd = {key: msd[base_name(key)] for key in get_model_state_dict(model) if not is_adapter(key)}
+        set_model_state_dict(model, msd, options=StateDictOptions(strict=not adapted(model)))
 
 
 @contextlib.contextmanager

@@ -1,9 +1,9 @@
 """An engine = the model laid out over the worker group plus how to run one step on it.
 
 `build_engine` resolves the layout for this world size (`layout_for`), builds the mesh and applies the
-parallelisms in a fixed order: float8 layers (train.precision=fp8), activation checkpointing, per-block compile,
-pipeline split, then data parallelism per stage, which materializes a model built on meta (torchtitan's order: a rank
-allocates only the tensors it keeps). The loop only talks to an `Engine`.
+parallelisms in a fixed order: LoRA adapters (train.lora), float8 layers (train.precision=fp8), activation
+checkpointing, per-block compile, pipeline split, then data parallelism per stage, which materializes a model built
+on meta (torchtitan's order: a rank allocates only the tensors it keeps). The loop only talks to an `Engine`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raydl.config import JobConfig
+from raydl.config import JobConfig, lora_settings
 from raydl.models.blocks import BlockModel
+from raydl.models.lora import adapter_init, apply_lora
 from raydl.models.loss import logits_out, model_loss, target_count
 from raydl.models.spec import ModelSpec
 from raydl.parallel.compile import CompileStats, apply_compile, choose_compile
@@ -218,6 +219,15 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
     meta; each rank allocates and initializes only what it keeps, once the layout is applied. `survivors`: every
     worker is a replica group of its own (raydl.train.survivors): no mesh and no torch wrapper; torchft's
     Manager averages the gradients over the live workers."""
+    lora = lora_settings(cfg.train.lora)
+    if lora:   # before everything: every later wrapper sees the adapters, and the planner their trainable size
+        targets = apply_lora(model, settings=lora)
+        init = adapter_init(init, model) if init else None
+        if session.rank == 0:
+            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in model.parameters())
+            log.info(f"train.lora: rank-{lora.rank} adapters on {len(targets)} modules, {trained:,} trainable "
+                     f"parameters ({trained / total:.2%} of {total:,}); the rest frozen")
     layout = choose_layout(model, cfg, spec, session, meta, init)
     if survivors:
         layout = dataclasses.replace(layout, dp_wrapper="torchft", dp_wrapper_reason="gradients averaged over the "

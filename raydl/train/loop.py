@@ -94,11 +94,13 @@ def restore(session, job: dict, engine, optimizer, scaler, fingerprint, held: Gr
         return TrainerState(saved["step"], saved["samples"], DataPosition(**saved["position"]))
     with session.latest_checkpoint() as path:
         path = path or job.get("resume_from")
+        # A new run from trained weights starts at step 0 with its own data and optimizer; a LoRA run's checkpoints
+        # hold its adapters alone, so its base weights are read from train.init_from at every start.
+        if job.get("init_from") and (not path or job.get("lora_fingerprint")):
+            ckpt.load_weights(job["init_from"], engine.model)
+            if session.rank == 0 and not path:
+                session.announce(f"initialised the weights from {job['init_from']} (train.init_from)")
         if not path:
-            if job.get("init_from"):   # a new run from trained weights: step 0, its own data and optimizer
-                ckpt.load_weights(job["init_from"], engine.model)
-                if session.rank == 0:
-                    session.announce(f"initialised the weights from {job['init_from']} (train.init_from)")
             return TrainerState()
         saved = ckpt.load(path, engine.model, optimizer, fingerprint)
     if scaler and saved.get("scaler"):
@@ -169,7 +171,7 @@ def start_worker(job: dict[str, Any], session=None) -> tuple[Worker, TrainerStat
     cap_growth(cfg.debug.memory_limit_mb)
     model, init = build_for_worker(chosen, info.meta, cfg)   # on meta: allocated once laid out
     memory.mark("meta")
-    fingerprint = chosen.fingerprint(model)
+    fingerprint = {**chosen.fingerprint(model), **job.get("lora_fingerprint", {})}   # before LoRA, as the driver's
     path = RecoveryPath(**job.get("recovery", NO_SURVIVORS))
     engine = build_engine(model, cfg, spec, session, info.meta, init, survivors=path.survivors)
     marks.mark("model_built")

@@ -15,7 +15,8 @@ from raydl.config import TrainSection
 
 
 def build_optimizer(params, t: TrainSection) -> torch.optim.Optimizer:
-    params = list(params)
+    """Over the trainable parameters alone: frozen ones (a LoRA run's base weights) get no state."""
+    params = [p for p in params if p.requires_grad]
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     # The fused kernel updates every parameter in a few launches (nanoGPT and torchtitan use it on GPUs);
