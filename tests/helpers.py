@@ -60,6 +60,26 @@ def torchrun_worker(nproc: int, run_dir: Path, overrides: list[str], *, timeout_
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
+def engine_on_this_rank(cfg, meta: dict, rank: int, world_size: int):
+    """(engine, layout): the training engine raydl's loop builds for `rank` of a gloo group (run_gloo), from `cfg`
+    and the dataset's `meta`, without the loop around it: one step of a test feeds it batches by hand."""
+    from types import SimpleNamespace
+
+    from raydl.models.choice import choose_model
+    from raydl.parallel.mesh import build_mesh, layout_for
+    from raydl.train.engines import DataParallelEngine, PipelineEngine
+    from raydl.train.model_build import build_for_worker
+
+    chosen = choose_model(cfg.model)
+    built, init = build_for_worker(chosen, meta, cfg)
+    layout = layout_for(cfg, world_size, num_blocks=len(built.blocks))
+    mesh = build_mesh(layout, "cpu") if world_size > 1 else None
+    session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
+    engine = (PipelineEngine if layout.pp > 1 else DataParallelEngine)(built, layout, cfg, chosen.spec, session,
+                                                                        mesh, init)
+    return engine, layout
+
+
 # ------------------------------------------------------------------------------------------------- processes
 def stop_processes(pids: list[int], grace_s: float = 15) -> None:
     """SIGTERM each of `pids`, then SIGKILL those still alive after `grace_s`."""

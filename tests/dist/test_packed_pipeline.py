@@ -7,19 +7,14 @@ unmasked give another loss."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
 import torch
 
 from raydl.data.loader import to_tensors
-from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from raydl.parallel.mesh import build_mesh, layout_for
-from raydl.train.engines import DataParallelEngine, PipelineEngine
-from raydl.train.model_build import build_for_worker
-from tests.helpers import run_gloo
+from tests.helpers import engine_on_this_rank, run_gloo
 
 VOCAB, SEQ, ROWS = 40, 24, 8
 META = {"vocab_size": VOCAB, "seq_len": SEQ}
@@ -44,13 +39,7 @@ def packed_batch(*, documents: bool = True) -> dict[str, torch.Tensor]:
 
 def _step(rank: int, world_size: int, model: str, sets: tuple[str, ...], documents: bool) -> dict:
     cfg = load_config(None, [*MODELS[model], f"train.global_batch_size={ROWS}", "train.micro_batch_size=2", *sets])
-    chosen = choose_model(cfg.model)
-    built, init = build_for_worker(chosen, META, cfg)
-    layout = layout_for(cfg, world_size, num_blocks=len(built.blocks))
-    mesh = build_mesh(layout, "cpu") if world_size > 1 else None
-    session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    engine = (PipelineEngine if layout.pp > 1 else DataParallelEngine)(built, layout, cfg, chosen.spec, session,
-                                                                        mesh, init)
+    engine, layout = engine_on_this_rank(cfg, META, rank, world_size)
     batch = packed_batch(documents=documents)
     stats = engine.forward_backward(batch, scaler=None)
     grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).tolist()

@@ -7,7 +7,6 @@ weigh their tokens differently and miss by far more than 1e-6)."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,10 +15,8 @@ import torch.nn.functional as F
 import raydl.models.loss
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
-from raydl.parallel.mesh import build_mesh, layout_for
-from raydl.train.engines import DataParallelEngine, PipelineEngine
 from raydl.train.model_build import build_for_worker
-from tests.helpers import run_gloo
+from tests.helpers import engine_on_this_rank, run_gloo
 
 VOCAB, SEQ, ROWS = 40, 12, 8
 META = {"vocab_size": VOCAB, "seq_len": SEQ}
@@ -55,13 +52,7 @@ def _config(*sets: str):
 
 def _one_step(rank: int, world_size: int, case: str, sets: tuple[str, ...], out: str) -> None:
     cfg = _config(*sets)
-    chosen = choose_model(cfg.model)
-    model, init = build_for_worker(chosen, META, cfg)
-    layout = layout_for(cfg, world_size, num_blocks=len(model.blocks))
-    mesh = build_mesh(layout, "cpu") if world_size > 1 else None
-    session = SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
-    engine = (PipelineEngine if layout.pp > 1 else DataParallelEngine)(model, layout, cfg, chosen.spec, session,
-                                                                        mesh, init)
+    engine, layout = engine_on_this_rank(cfg, META, rank, world_size)
     dp_rank, rows = layout.coords(rank)[0], ROWS // layout.dp
     mine = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in records().items()}
     stats = engine.forward_backward(mine, scaler=None)
