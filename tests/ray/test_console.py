@@ -1,5 +1,5 @@
-"""What `raydl train` prints: by default raydl's own lines only (Ray's go to the run's ray.log), the layout once;
-with --quiet only the summary JSON."""
+"""What `raydl train` prints: by default raydl's own lines only (Ray's go to the run's ray.log), the layout once, and a
+summary that records the start-up's phases in order; with --quiet only the summary JSON."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from raydl.telemetry.startup import ORDER
 from tests.helpers import not_raydls
 
 
@@ -36,6 +37,19 @@ def test_default_run_console_is_quiet(data_cache, tmp_path):
     assert sum("2 workers: data-parallel × 2 (DDP: " in line and ", from step 0, " in line for line in lines) == 1, out
     assert sum("[raydl] step " in line for line in lines) == 3 and summary_lines, out
     assert not others and not not_raydls(out), "\n".join(others)   # whole lines: pytest cuts a list's repr
+    assert_startup_phases_in_order(json.loads("\n".join(summary_lines))["startup"])
+
+
+def assert_startup_phases_in_order(startup: dict) -> None:
+    """The summary records the run's start-up: every phase, in the order they happen (the same default run as
+    above: a private Ray, its start among the phases)."""
+    at = startup["at_s"]
+    # every mark, the driver's and the workers', but `compiled`: CPU workers run eager under train.compile=auto
+    assert list(at) == [m for m in ORDER if m != "compiled"], at
+    assert list(at.values()) == sorted(at.values()), at      # in the order they happen
+    assert at["command_start"] == 0 and at["first_step"] == max(at.values()) == startup["to_first_step_s"]
+    assert at["prepared"] > 0.1, at   # from the process's creation: the interpreter and imports count
+    assert all(seconds >= 0 for seconds in startup["phase_s"].values()), startup
 
 
 @pytest.mark.slow
