@@ -1,6 +1,7 @@
-"""telemetry.mlflow against a real `mlflow server` (sqlite backend, 127.0.0.1, a free port) and telemetry.wandb
-offline, after real `raydl train` and `raydl sweep` runs on the test Ray: the runs read back with MlflowClient and
-from W&B's offline run files."""
+"""telemetry.mlflow against a real `mlflow server` (sqlite backend, 127.0.0.1, a free port), telemetry.wandb offline
+and telemetry.tensorboard, all three on in one real `raydl train` and one `raydl sweep` on the test Ray: the runs
+read back with MlflowClient, from W&B's offline run files and with TensorBoard's reader; `raydl report` after each,
+its table against summary.json."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from raydl.tune.space import parse_sweep
 from raydl.tune.sweep import run_sweep
 from tests.helpers import not_raydls
 from tests.mlflow_server import MlflowServer
+from tests.unit.test_report import assert_png, table_rows
+from tests.unit.test_tensorboard import assert_events_match_metrics, read_events, texts
 from tests.wandb_offline import offline_run
 
 pytestmark = pytest.mark.slow
+
+# Every section the default model on CPU reports into (no GPU readings here).
+CPU_TAGS = {"loss/loss", "loss/eval_loss", "optimizer/lr", "optimizer/grad_norm", "throughput/samples_per_s",
+            "throughput/tokens_per_s", "time/step_s", "time/data_wait_frac", "memory/peak_memory_mb", "run/world_size"}
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +39,22 @@ def runs_of(uri: str, experiment: str) -> list:
     return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
 
 
-def test_raydl_train_logs_to_mlflow_and_wandb(ray_session, mlflow_server, tiny_overrides, tmp_path, capsys):
+def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard(ray_session, mlflow_server, tiny_overrides, tmp_path,
+                                                         capsys):
     from mlflow.tracking import MlflowClient
 
-    (tmp_path / "ledger").mkdir()   # the injected failure at step 15 fires once: one restart from the step-10 checkpoint
-    sets = [*tiny_overrides, "telemetry.report_every=5", f"telemetry.mlflow.tracking_uri={mlflow_server.uri}",
-            "telemetry.mlflow.experiment=train", "telemetry.wandb.project=raydl-test", "telemetry.wandb.mode=offline",
-            f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15"]
+    # Reports every 2 steps and a failure at step 15 (it fires once): steps 11-14 are reported, then redone from
+    # the step-10 storage checkpoint.
+    (tmp_path / "ledger").mkdir()
+    sets = [*tiny_overrides, "telemetry.report_every=2", "train.eval_every=10", "telemetry.tensorboard=true",
+            f"telemetry.mlflow.tracking_uri={mlflow_server.uri}", "telemetry.mlflow.experiment=train",
+            "telemetry.wandb.project=raydl-test", "telemetry.wandb.mode=offline",
+            f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15", "checkpoint.memory_every_steps=0"]
     assert main(["train", *(arg for s in sets for arg in ("--set", s))]) == 0
     out, err = capsys.readouterr()
     [run_dir] = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 20 and len(summary["restarts"]) == 1
     # One voice on the console: the failure is raydl's line; Ray's lines about it (the worker's traceback) and
     # MLflow's and W&B's own lines are not there, Ray's are in the run's ray.log.
     assert not not_raydls(err) and not not_raydls(out), "\n".join(not_raydls(err) + not_raydls(out))
@@ -53,7 +66,7 @@ def test_raydl_train_logs_to_mlflow_and_wandb(ray_session, mlflow_server, tiny_o
     client = MlflowClient(mlflow_server.uri)
     assert f"logging to MLflow run {run.info.run_id}" in err, err
     assert run.info.status == "FINISHED"
-    assert run.data.params["train.max_steps"] == "20" and run.data.params["telemetry.report_every"] == "5"
+    assert run.data.params["train.max_steps"] == "20" and run.data.params["telemetry.report_every"] == "2"
     loss = client.get_metric_history(run.info.run_id, "loss")
     assert sorted((m.step, m.value) for m in loss) == sorted((line["step"], line["loss"]) for line in lines)
     assert run.data.tags["raydl.restarts"] == "1" and "injected failure at step 15" in run.data.tags["raydl.restart.1"]
@@ -63,11 +76,25 @@ def test_raydl_train_logs_to_mlflow_and_wandb(ray_session, mlflow_server, tiny_o
     assert "logging to W&B run" in err and sorted(wandb_run["history"]) == list(range(1, 21))
     assert wandb_run["config"]["train.max_steps"] == 20 and "restarted" in wandb_run["tags"]
 
+    tags = assert_events_match_metrics(run_dir, run_dir / "tensorboard")
+    assert CPU_TAGS <= tags
+    events = read_events(run_dir / "tensorboard")
+    [(step, restart)] = texts(events, "events/restarts").items()
+    assert step == 11 and "injected failure at step 15" in restart and "resumed at step 10" in restart
+    assert texts(events, "events/layouts")[1].startswith("2 workers from step 1: dp 2 x pp 1")
 
-def test_a_sweep_logs_a_parent_run_and_a_child_per_trial(ray_session, mlflow_server, data_cache, tmp_path, capsys):
+    assert main(["report", str(run_dir)]) == 0
+    table = dict(table_rows(capsys.readouterr().out)[1:])
+    assert int(table["steps"]) == 20 and int(table["restarts"]) == 1
+    assert float(table["final loss"]) == pytest.approx(summary["final_loss"], rel=1e-3)
+    assert_png(run_dir / "report.png")
+
+
+def test_a_sweep_logs_a_parent_run_a_child_and_a_tensorboard_directory_per_trial(ray_session, mlflow_server, data_cache,
+                                                                                  tmp_path, capsys):
     base = {"run": {"runs_dir": str(tmp_path / "runs")}, "data": {"cache_dir": str(data_cache), "builtin_samples": 4096},
             "scaling": {"min_workers": 1, "max_workers": 1}, "train": {"max_steps": 10, "eval_batches": 2},
-            "telemetry": {"report_every": 5, "progress": False,
+            "telemetry": {"report_every": 5, "progress": False, "tensorboard": True,
                           "mlflow": {"tracking_uri": mlflow_server.uri, "experiment": "sweep"},
                           "wandb": {"project": "raydl-test", "mode": "offline"}},
             "checkpoint": {"every_steps": 10}}
@@ -93,3 +120,12 @@ def test_a_sweep_logs_a_parent_run_and_a_child_per_trial(ray_session, mlflow_ser
         assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == list(range(1, 11))
         wandb_run = offline_run(Path(row["run_dir"]) / "wandb")
         assert wandb_run["id"] == row["trial"] and wandb_run["group"] == sweep_dir.name
+
+    trials = [row["trial"] for row in result["trials"]]
+    assert sorted(p.name for p in (sweep_dir / "tensorboard").iterdir()) == sorted(trials)
+    for row in result["trials"]:
+        assert_events_match_metrics(Path(row["run_dir"]), sweep_dir / "tensorboard" / row["trial"])
+    assert main(["report", str(sweep_dir)]) == 0
+    header, *lines = table_rows(capsys.readouterr().out)
+    assert len(lines) == len(trials) and all(int(dict(zip(header, line))["steps"]) == 10 for line in lines)
+    assert_png(sweep_dir / "report.png")
