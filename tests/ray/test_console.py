@@ -53,13 +53,14 @@ def assert_startup_phases_in_order(startup: dict) -> None:
 
 
 @pytest.mark.slow
-def test_quiet_run_prints_only_the_summary(data_cache, tmp_path):
+def test_quiet_run_prints_only_the_summary(data_cache, tmp_path, on_shared_ray):
+    """On the session's Ray (a private Ray's token-auth warning is test_default_run_console_is_quiet's)."""
     out = run_train(tmp_path, data_cache, "--quiet")
     assert not [line for line in out.splitlines() if "[raydl]" in line], out
     lines = out.splitlines()
     assert "{" in lines, out
     summary = json.loads("\n".join(lines[lines.index("{"):]))
-    assert summary["steps"] == 30 and lines.index("{") == 0, out   # not even Ray's token-auth warning
+    assert summary["steps"] == 30 and lines.index("{") == 0, out   # not even Ray's connection lines
 
 
 def run_with_terminal_stderr(tmp_path: Path, command: list[str]) -> tuple[str, str]:
