@@ -5,8 +5,10 @@ it), Ray's core worker terminates the process as soon as it next touches the obj
 connection to the plasma store is failed. Terminate the process.": `_Exit(1)`, logged at WARNING, so
 nothing reaches the console). No handler in this process can run after that. Two watchers:
 
-- a thread here polls the local raylet's port; once it stops answering, the run cannot go on, so it
-  prints raydl's one-paragraph error (the checkpoint and the resume command) and exits with code 1;
+- a thread here polls the local raylet's port; once it has stopped answering for GONE_AFTER_S (one probe that
+  times out is a busy machine, not a lost raylet: a fault test's healthy run was ended by one at load ~10), the
+  run cannot go on, so it prints raydl's one-paragraph error (the checkpoint and the resume command) and exits
+  with code 1;
 - a small child process (`python -m raydl.driver.cluster_watch`) holds a pipe from this process. If the
   pipe closes without this process having said "done" or "said" (Ray's `_Exit` won the race with the
   thread), and the raylet then stops answering, the child prints the same paragraph on the stderr both
@@ -31,6 +33,7 @@ from raydl import commands
 POLL_S = 0.1   # a race with the core worker's own exit (see above): a local TCP connect costs ~0.1 ms
 PROBE_TIMEOUT_S = 1.0
 SETTLE_S = 5.0   # after the driver's silent exit, how long its raylet has to stop answering to count as gone
+GONE_AFTER_S = 3.0   # while the driver lives, how long its raylet must fail every probe to count as gone
 DONE, SAID = b"done\n", b"said\n"
 CAUSE = "this machine's raylet stopped answering"
 
@@ -92,8 +95,13 @@ class ClusterWatch:
 
     def _watch(self) -> None:
         self._message()   # once now: whatever it imports is loaded before the race it is for
+        silent_since = None
         while not self._stop.wait(POLL_S):
-            if not raylet_answers(self.node):
+            if raylet_answers(self.node):
+                silent_since = None
+                continue
+            silent_since = silent_since or time.monotonic()
+            if time.monotonic() - silent_since >= GONE_AFTER_S:
                 self._tell(SAID)
                 print(f"raydl: error: {self._message()}", file=sys.stderr, flush=True)
                 os._exit(self.exit_code)

@@ -46,3 +46,39 @@ def test_a_driver_killed_while_its_raylet_answers_gets_nothing(tmp_path):
         listening.listen()
         child = run_child(tmp_path, listening.getsockname()[1], b"")
     assert child.returncode == 0 and child.stderr == b""
+
+
+WATCH_A_RAYLET = """
+import socket, sys, time
+from raydl.driver import cluster_watch
+port, silent_s = int(sys.argv[1]), float(sys.argv[2])
+watch = cluster_watch.ClusterWatch(sys.argv[3], None, exit_code=1)
+watch.node = {"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port}
+watch._child = __import__("subprocess").Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                             stdin=__import__("subprocess").PIPE)
+watch._message()                                                 # its imports, before the clock starts
+closed = socket.socket(); closed.bind(("127.0.0.1", port))    # refusing, as a dead raylet's port
+watch._thread.start()
+time.sleep(silent_s)
+closed.close()
+back = socket.create_server(("127.0.0.1", port))               # answering again
+time.sleep(cluster_watch.GONE_AFTER_S + 1)
+print("still running")
+"""
+
+
+@pytest.mark.slow   # a child process that imports torch (the paragraph names the last checkpoint)
+@pytest.mark.parametrize(("silent_s", "gone"), [(1.0, False), (8.0, True)])
+def test_the_run_ends_only_when_its_raylet_stays_silent(tmp_path, silent_s, gone):
+    """A probe that fails once is a busy machine (a healthy fault-test run was ended by one at load ~10); a raylet
+    silent for GONE_AFTER_S is gone."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    p = subprocess.run([sys.executable, "-c", WATCH_A_RAYLET, str(port), str(silent_s), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    if gone:
+        assert p.returncode == 1 and p.stderr.startswith("raydl: error: this process's local Ray went away"), p
+        assert "still running" not in p.stdout
+    else:
+        assert p.returncode == 0 and "still running" in p.stdout and "raydl: error" not in p.stderr, p
