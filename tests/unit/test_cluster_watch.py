@@ -49,13 +49,12 @@ def test_a_driver_killed_while_its_raylet_answers_gets_nothing(tmp_path):
 
 
 WATCH_A_RAYLET = """
-import socket, sys, time
+import socket, subprocess, sys, time
 from raydl.driver import cluster_watch
 port, silent_s = int(sys.argv[1]), float(sys.argv[2])
 watch = cluster_watch.ClusterWatch(sys.argv[3], None, exit_code=1)
 watch.node = {"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port}
-watch._child = __import__("subprocess").Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                                             stdin=__import__("subprocess").PIPE)
+watch._child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
 watch._message()                                                 # its imports, before the clock starts
 closed = socket.socket(); closed.bind(("127.0.0.1", port))    # refusing, as a dead raylet's port
 watch._thread.start()
