@@ -11,6 +11,8 @@ import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+if os.environ.get("PYTEST_XDIST_WORKER"):   # each test process its own (Ray's "auto" reads the last cluster there)
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"raydl-ray-{os.environ['PYTEST_XDIST_WORKER']}-")
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="raydl-ray-"))
 os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")

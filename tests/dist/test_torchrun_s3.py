@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHECKPOINT_FILES = [".metadata", "__0_0.distcp", "__1_0.distcp", "files-rank0.json", "files-rank1.json",
                     "raydl_state.json"]
-RECORD_FILES = ["config.yaml", "metrics.jsonl", "run_id", "summary.json"]
+RECORD_FILES = ["config.yaml", "dataset.json", "metrics.jsonl", "run_id", "summary.json"]
 
 
 def _checkpoints(bucket: str, prefix: str) -> dict[str, list[str]]:
