@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from raydl import storage
-from raydl.config import JobConfig, lora_settings
+from raydl.config import JobConfig
+from raydl.config_lora import lora_settings
 from raydl.errors import ConfigError
 
 __all__ = ["lora_fingerprint", "check_same_base", "adapted"]

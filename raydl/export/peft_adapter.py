@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from raydl.config import lora_settings
+from raydl.config_lora import lora_settings
 from raydl.errors import ConfigError
 from raydl.export import require_close
 from raydl.export.hf import write_tokenizer

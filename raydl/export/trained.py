@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from raydl import storage
-from raydl.config import JobConfig, lora_settings
+from raydl.config import JobConfig
+from raydl.config_lora import lora_settings
 from raydl.data.dataset import DatasetInfo
 from raydl.errors import CheckpointError
 from raydl.models.blocks import BlockModel

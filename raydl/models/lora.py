@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from raydl.config import ALL_LINEAR, LoraSettings
+from raydl.config_lora import ALL_LINEAR, LoraSettings
 from raydl.errors import ConfigError
 
 __all__ = ["apply_lora", "adapter_init", "is_adapter", "base_name", "merge_adapters",

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raydl.config import JobConfig, lora_settings
+from raydl.config import JobConfig
+from raydl.config_lora import lora_settings
 from raydl.models.blocks import BlockModel
 from raydl.models.lora import adapter_init, apply_lora
 from raydl.models.loss import logits_out, model_loss, target_count

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from raydl.config import lora_settings
+from raydl.config_lora import lora_settings
 from raydl.errors import ConfigError
 from raydl.models.choice import choose_model
 from raydl.models.lora import apply_lora, is_adapter, merge_adapters
