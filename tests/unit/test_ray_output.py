@@ -61,10 +61,16 @@ def test_ray_lines_go_to_the_file_and_raydl_lines_to_the_console(tmp_path, defau
 
 @pytest.fixture
 def forwarding():
-    """Ray's printer registered with the dispatcher as ray.init(log_to_driver=True) does; removed after."""
-    dispatcher.add_handler(HANDLER, functools.partial(ray_worker.print_to_stdstream, ignore_prefix=False))
+    """Ray's printer registered with the dispatcher as ray.init(log_to_driver=True) does, in place of the one a Ray
+    of this test process registered (ray_session's); Ray's printing as it was put back after."""
+    printer, registered = ray_worker.print_to_stdstream, [pair for pair in dispatcher.handlers if pair[0] == HANDLER]
+    dispatcher.remove_handler(HANDLER)
+    dispatcher.add_handler(HANDLER, functools.partial(printer, ignore_prefix=False))
     yield
     dispatcher.remove_handler(HANDLER)
+    ray_worker.print_to_stdstream = printer
+    for pair in registered:
+        dispatcher.add_handler(*pair)
 
 
 def printers() -> tuple:
@@ -84,7 +90,6 @@ def test_route_is_taken_for_the_run_and_given_back(tmp_path, default_verbosity, 
     with route_to(tmp_path / "ray.log", keep_after=True):   # raydl started this Ray: its shutdown's lines too
         pass
     assert all(isinstance(p, RouteToFile) for p in printers())
-    ray_worker.print_to_stdstream = rays[0]
 
 
 def test_verbose_leaves_rays_printing_alone(tmp_path, forwarding):
