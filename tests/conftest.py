@@ -6,6 +6,7 @@ CPU (oneDNN capped below AMX, see shared/PIPELINE_NOTES.md 0), Ray kept in its o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -23,6 +24,28 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+def _alone(request) -> bool:
+    return request.node.get_closest_marker("alone") is not None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_alone(request):
+    """An `alone` module holds the test lock exclusively from its first fixture to its last (tests/alone.py)."""
+    from tests.alone import holding
+
+    with holding(exclusive=True) if _alone(request) else contextlib.nullcontext():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_beside_others(request):
+    """Every other test holds it shared while it runs."""
+    from tests.alone import holding
+
+    with contextlib.nullcontext() if _alone(request) else holding(exclusive=False):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from raydl.bench.fault_cluster import poll
 from tests.helpers import free_port
 from tests.ray.ray_head import alive_nodes, short_tmp_dir, start_head, stop_head
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parents[2]
 # The run must outlast the scale-up (Train's AutoscalingCoordinator refreshes its view every 20 s, RAY_NOTES P4):
