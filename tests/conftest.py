@@ -41,11 +41,21 @@ def _module_alone(request):
 
 @pytest.fixture(autouse=True)
 def _test_beside_others(request):
-    """Every other test holds it shared while it runs."""
+    """Every other test of processes (tests/ray, tests/dist) holds it shared while it runs; a unit test, one process
+    on one core, runs beside anything."""
     from tests.alone import holding
 
-    with contextlib.nullcontext() if _alone(request) else holding(exclusive=False):
+    beside = not _alone(request) and request.node.path.parent.name != "unit"
+    with holding(exclusive=False) if beside else contextlib.nullcontext():
         yield
+
+
+def pytest_collection_modifyitems(items):
+    """Under xdist (--dist loadgroup) a module's tests stay in one process (its module-scoped cluster, job server or
+    references are built once), except the documented pages, independent of each other, which both processes take."""
+    for item in items:
+        if item.path.name != "test_docs.py":
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.fixture(scope="session")
