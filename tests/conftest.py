@@ -41,21 +41,45 @@ def _module_alone(request):
 
 @pytest.fixture(autouse=True)
 def _test_beside_others(request):
-    """Every other test of processes (tests/ray, tests/dist) holds it shared while it runs; a unit test, one process
-    on one core, runs beside anything."""
+    """Every other Ray test holds it shared while it runs; a unit or gloo test (no Ray) runs beside anything."""
     from tests.alone import holding
 
-    beside = not _alone(request) and request.node.path.parent.name != "unit"
+    beside = not _alone(request) and request.node.path.parent.name == "ray"
     with holding(exclusive=False) if beside else contextlib.nullcontext():
         yield
 
 
+# Minutes on a quiet 2-core machine (CI, 2026-11-27): the alone modules, and the unit and gloo tests together.
+ALONE_MINUTES = {"test_faults": 16.5, "test_survivors": 9.5, "test_restart_from_memory": 6}
+BESIDE_MINUTES = 18
+
+
+def _queue_rank(item) -> int:
+    """The order xdist hands modules out (--no-loadscope-reorder): an `alone` module first, the tests that may run
+    beside it (unit, gloo) next, then the next `alone` module, and so on; the other Ray tests last."""
+    if item.get_closest_marker("alone"):
+        return 0
+    return 1 if item.path.parent.name in ("unit", "dist") else 2
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
 def pytest_collection_modifyitems(items):
     """Under xdist (--dist loadgroup) a module's tests stay in one process (its module-scoped cluster, job server or
-    references are built once), except the documented pages, independent of each other, which both processes take."""
+    references are built once), except the documented pages, independent of each other, which both processes take.
+    The alone modules are spread through the unit and gloo tests, which the other process runs meanwhile."""
     for item in items:
         if item.path.name != "test_docs.py":
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    alone = [i for i in items if _queue_rank(i) == 0]
+    beside = sorted((i for i in items if _queue_rank(i) == 1), key=lambda i: i.path.parent.name != "dist")
+    modules = sorted(dict.fromkeys(i.path for i in alone), key=lambda path: -ALONE_MINUTES.get(path.stem, 0))
+    ordered, taken = [], 0
+    for module in modules:   # each alone module followed by about as many minutes of unit and gloo tests
+        ordered += [i for i in alone if i.path == module]
+        until = min(len(beside), taken + round(len(beside) * ALONE_MINUTES.get(module.stem, 0) / BESIDE_MINUTES))
+        ordered, taken = ordered + beside[taken:until], until
+    ordered += beside[taken:] + [i for i in items if _queue_rank(i) == 2]
+    items[:] = ordered
 
 
 @pytest.fixture(scope="session")
