@@ -62,14 +62,10 @@ def _queue_rank(item) -> int:
     return 1 if item.path.parent.name in ("unit", "dist") else 2
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Under xdist (--dist loadgroup) a module's tests stay in one process (its module-scoped cluster, job server or
-    references are built once), except the documented pages, independent of each other, which both processes take.
-    The alone modules are spread through the unit and gloo tests, which the other process runs meanwhile."""
-    for item in items:
-        if item.path.name != "test_docs.py":
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    """Under xdist (--dist loadfile, --no-loadscope-reorder) a module's tests stay in one process (its module-scoped
+    cluster, job server or references are built once), handed out in this order: the alone modules spread through the
+    unit and gloo tests, which the other process runs meanwhile."""
     alone = [i for i in items if _queue_rank(i) == 0]
     beside = sorted((i for i in items if _queue_rank(i) == 1), key=lambda i: i.path.parent.name != "dist")
     modules = sorted(dict.fromkeys(i.path for i in alone), key=lambda path: -ALONE_MINUTES.get(path.stem, 0))
