@@ -41,7 +41,7 @@ def _module_alone(request):
 
 @pytest.fixture(autouse=True)
 def _test_beside_others(request):
-    """Every other Ray test holds it shared while it runs; a unit or gloo test (no Ray) runs beside anything."""
+    """Every other Ray test holds it shared while it runs; a unit test (no Ray) runs beside anything."""
     from tests.alone import holding
 
     beside = not _alone(request) and request.node.path.parent.name == "ray"
@@ -49,33 +49,24 @@ def _test_beside_others(request):
         yield
 
 
-# Minutes on a quiet 2-core machine (CI, 2026-11-27): the alone modules, and the unit and gloo tests together.
+# Minutes on a quiet 2-core machine (CI, 2026-11-27): the alone modules, and the unit tests together.
 ALONE_MINUTES = {"test_faults": 16.5, "test_survivors": 9.5, "test_restart_from_memory": 6}
-BESIDE_MINUTES = 18
-
-
-def _queue_rank(item) -> int:
-    """The order xdist hands modules out (--no-loadscope-reorder): an `alone` module first, the tests that may run
-    beside it (unit, gloo) next, then the next `alone` module, and so on; the other Ray tests last."""
-    if item.get_closest_marker("alone"):
-        return 0
-    return 1 if item.path.parent.name in ("unit", "dist") else 2
+UNIT_MINUTES = 6
 
 
 def pytest_collection_modifyitems(items):
     """Under xdist (--dist loadfile, --no-loadscope-reorder) a module's tests stay in one process (its module-scoped
-    cluster, job server or references are built once), handed out in this order: the alone modules spread through the
-    unit and gloo tests, which the other process runs meanwhile."""
-    alone = [i for i in items if _queue_rank(i) == 0]
-    beside = sorted((i for i in items if _queue_rank(i) == 1), key=lambda i: i.path.parent.name != "dist")
+    cluster, job server or references are built once), handed out in this order: the other Ray tests, two at a time;
+    then each alone module followed by about as many minutes of unit tests, which the other process runs beside it."""
+    alone = [i for i in items if i.get_closest_marker("alone")]
+    unit = [i for i in items if i.path.parent.name == "unit"]
     modules = sorted(dict.fromkeys(i.path for i in alone), key=lambda path: -ALONE_MINUTES.get(path.stem, 0))
-    ordered, taken = [], 0
-    for module in modules:   # each alone module followed by about as many minutes of unit and gloo tests
+    ordered, taken = [i for i in items if i not in alone and i not in unit], 0
+    for module in modules:
         ordered += [i for i in alone if i.path == module]
-        until = min(len(beside), taken + round(len(beside) * ALONE_MINUTES.get(module.stem, 0) / BESIDE_MINUTES))
-        ordered, taken = ordered + beside[taken:until], until
-    ordered += beside[taken:] + [i for i in items if _queue_rank(i) == 2]
-    items[:] = ordered
+        until = min(len(unit), taken + round(len(unit) * ALONE_MINUTES.get(module.stem, 0) / UNIT_MINUTES))
+        ordered, taken = ordered + unit[taken:until], until
+    items[:] = ordered + unit[taken:]
 
 
 @pytest.fixture(scope="session")
