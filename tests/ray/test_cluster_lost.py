@@ -17,7 +17,6 @@ from tests.ray.ray_head import short_tmp_dir, start_head
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_cluster_shut_down_mid_run_is_one_paragraph(data_cache, tmp_path):
     head = start_head(short_tmp_dir(), num_cpus=3)
     try:

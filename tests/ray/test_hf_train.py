@@ -18,7 +18,6 @@ EXAMPLE = REPO / "examples" / "hf_llama_tiny.yaml"   # the README's example, run
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_hf_llama_trains_at_pp2_on_ray_and_exports(tmp_path, ray_session):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"{i} green trains cross {i % 7} rivers at dawn\n" for i in range(600)))
@@ -38,7 +37,6 @@ def test_hf_llama_trains_at_pp2_on_ray_and_exports(tmp_path, ray_session):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_hf_gpt2_trains_with_the_planners_layout(tiny_overrides, ray_session):
     from raydl.driver.ray_trainer import run_training
 

@@ -25,7 +25,6 @@ def live_actor_classes(head: Head) -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_guard_actors_start_after_the_first_report_and_the_run_finishes(data_cache, tmp_path):
     head = start_head(short_tmp_dir(), num_cpus=3)
     run_dir = tmp_path / "run"

@@ -51,7 +51,6 @@ def _fell(losses: list[float]) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_import_path_model_trains_through_the_cli_in_a_pipeline(ray_session, own_model_dir, data_cache, capsys):
     # 80 steps: over 40 the loss fell 12-15% depending on the epoch's order, at the edge of _fell's 15%
     sets = _sets(own_model_dir, data_cache, 80) + ["model.name=mymodels.net:make_spec", "model.options.hidden=64",
@@ -65,7 +64,6 @@ def test_import_path_model_trains_through_the_cli_in_a_pipeline(ray_session, own
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_import_path_model_trains_through_raydl_train(ray_session, own_model_dir, data_cache):
     summary = raydl.train(overrides=_sets(own_model_dir, data_cache, 40) + ["model.name=mymodels.net:make_spec"])
     assert summary["layouts"][0]["dp"] == 2 and summary["checkpoint"].endswith("step_00000040")
@@ -73,7 +71,6 @@ def test_import_path_model_trains_through_raydl_train(ray_session, own_model_dir
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)   # the README runs it from the checkout
     sets = _sets(tmp_path, data_cache, 80) + ["model.name=examples.mlp_classifier:spec", "model.options.hidden=64"]
@@ -83,7 +80,6 @@ def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_examples_train_from_python_script(data_cache, tmp_path, on_shared_ray):
     """Its own process, on the session's Ray (RAY_ADDRESS): the inline spec travels to the workers pickled by value."""
     sets = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2", "train.warmup_steps=5",
@@ -97,7 +93,6 @@ def test_examples_train_from_python_script(data_cache, tmp_path, on_shared_ray):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_import_path_model_in_a_sweep(ray_session, own_model_dir, data_cache):
     """Tune runs each trial in its own directory and process: model.name still imports there."""
     base = {"model": {"name": "mymodels.net:make_spec"}, "run": {"runs_dir": str(own_model_dir / "runs")},

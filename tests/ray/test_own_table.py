@@ -16,7 +16,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_examples_mlp_regressor_trains_on_its_own_table(ray_session, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     raw, data = tmp_path / "raw" / "table.parquet", tmp_path / "table"

@@ -9,7 +9,6 @@ from raydl.driver.ray_trainer import run_training
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", [
     ["parallel.pp_degree=2", "parallel.schedule=interleaved1f1b", "parallel.num_microbatches=4"],
     ["parallel.pp_degree=auto"],

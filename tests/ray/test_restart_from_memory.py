@@ -57,7 +57,6 @@ def same_as_reference(run, summary: dict, reference: dict) -> None:
     assert summary["final_loss"] == reference["final_loss"] and summary["eval"] == reference["eval"]
 
 
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("layout", [PP2, FSDP2, DDP2], ids=["pp2", "fsdp_dp2", "ddp_dp2"])
 def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layout):
     sets = overrides(data_cache, "checkpoint.every_steps=100", layout=layout)
@@ -78,7 +77,6 @@ def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layo
     same_as_reference(run, summary, reference)
 
 
-@pytest.mark.timeout(900)
 def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data_cache, tmp_path):
     """Rank 1's shards taken out of the holder while the workers are stopped, and the stopped group's later sends
     refused: no step is held by every rank, so the restarted group reloads the last storage checkpoint (every 10

@@ -25,7 +25,7 @@ from tests.unit.test_data_prepare import write_texts
 
 boto3 = pytest.importorskip("boto3", reason="the S3 tests need raydl's [test] extra (moto[server], boto3)")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 RAYDL = str(Path(sys.executable).parent / "raydl")
 # Long enough that the worker SIGKILLed after step 30 dies well before the run's end (70 steps of ~0.1 s and 7
 # checkpoint uploads later); it was 200 (91 s for the file's first test on a quiet 2-core machine).

@@ -32,7 +32,6 @@ class Sender:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
 def test_held_shard_survives_a_sigkill_of_its_sender(ray_session):
     ray = ray_session
     holder = ray.remote(num_cpus=0)(StateHolder).options(name=f"test-holder-{uuid.uuid4().hex[:8]}",

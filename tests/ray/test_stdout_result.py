@@ -19,7 +19,6 @@ CHATTY = "print('[mymodels.net] Net built')   # like nanoGPT's parameter count"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_a_model_that_prints_leaves_stdout_to_the_summary(data_cache, tmp_path, on_shared_ray):
     source = (REPO / "tests" / "assets" / "own_net.py").read_text()
     (tmp_path / "mymodels").mkdir()

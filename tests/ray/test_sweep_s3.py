@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 boto3 = pytest.importorskip("boto3", reason="the S3 tests need raydl's [test] extra (moto[server], boto3)")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 RAYDL = str(Path(sys.executable).parent / "raydl")
 
 
