@@ -75,8 +75,8 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session
     assert [p.name for p in first.iterdir()] == ["attempt-1"]
     assert (first / "attempt-1/metrics.jsonl").read_bytes() == first_metrics
     # the interrupted one continued from its checkpoint in a second attempt, not from step 1
-    resumed = (second / "attempt-2/metrics.jsonl").read_text().splitlines()
-    first_step = yaml.safe_load(resumed[0])["step"]
+    second_attempt = (second / "attempt-2/metrics.jsonl").read_text().splitlines()
+    first_step = yaml.safe_load(second_attempt[0])["step"]
     assert 1 < first_step <= interrupted_at + 1 and first_step % 20 == 1
     history = trial_history(second)
     assert [r["step"] for r in history] == list(range(1, 201))
