@@ -250,17 +250,23 @@ def _tune_env():
     ASHA skips such a result (async_hyperband.py::on_trial_result); Tune's strict check would stop the sweep.
     RAY_AIR_NEW_OUTPUT=0 unless -v: Tune's newer console output prints an experiment box and paths even at
     verbose=0 (tune/experimental/output.py); the older one prints nothing there. With -v Tune's tables show.
-    Also, unless -v, the tracebacks of trials that failed with a RaydlError stay off the console (QuietRaydlTrialErrors)."""
+    Also, unless -v, the tracebacks of trials that failed with a RaydlError stay off the console (QuietRaydlTrialErrors),
+    and so do Tune's own lines on Ctrl-C."""
     wanted = {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1", **({} if _verbose() else {"RAY_AIR_NEW_OUTPUT": "0"})}
     saved = {key: os.environ.get(key) for key in wanted}
     os.environ.update(wanted)
     quiet, controller_log = QuietRaydlTrialErrors(), logging.getLogger("ray.tune.execution.tune_controller")
+    # Tune's own Ctrl-C lines ("Stop signal received ...", "Resume experiment with: Tuner.restore(...)"): raydl says
+    # the sweep was interrupted and prints its own `raydl sweep --resume` command.
+    tune_log, tune_level = logging.getLogger("ray.tune.tune"), logging.getLogger("ray.tune.tune").level
     if not _verbose():
         controller_log.addFilter(quiet)
+        tune_log.setLevel(logging.ERROR)
     try:
         yield
     finally:
         controller_log.removeFilter(quiet)
+        tune_log.setLevel(tune_level)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key)

@@ -58,6 +58,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
     assert "unfinished" in log.read_text()
+    assert "Tuner.restore" not in log.read_text() and "Stop signal received" not in log.read_text()   # raydl's alone
     first_metrics = (first / "attempt-1/metrics.jsonl").read_bytes()
     interrupted_at = max(r["step"] for r in trial_history(second))
     assert interrupted_at < 200
