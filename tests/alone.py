@@ -1,40 +1,45 @@
-"""Test modules marked `alone` run with no other test beside them when pytest-xdist runs two test processes.
+"""Test modules marked `alone` run with no other Ray test beside them when pytest-xdist runs two test processes.
 
 Their multi-node Ray clusters on this machine time node deaths, drains and additions against Ray's own clocks;
 beside another process's Ray runs (load 7-9 on 2 cores) a node-added run started at 2 workers and a drained node's
-run failed (2026-11-27). Every other test holds a shared lock while it runs; an `alone` module holds the lock
-exclusively from its first fixture to its last teardown. A gate lock keeps a waiting module from being starved
-by the stream of shared holders: whoever wants the lock takes the gate first, and a module keeps the gate until
-it has the lock. Without xdist (one process) the locks are never contended."""
+run failed (2026-11-27). Every other Ray test holds a shared lock while it runs; an `alone` module holds the lock
+exclusively from its first fixture to its last teardown. The module asks without blocking, once a second, so the
+other process's Ray tests keep the lock between them (a blocked request would be granted in the gap between two of
+them, and the second would wait for the whole module): the module starts once the other process runs no Ray test,
+which tests/conftest.py's order makes the end of its Ray tests. Without xdist (one process) nothing waits."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 
-def _lock_dir() -> Path | None:
+def _lock_file() -> Path | None:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")   # the same in every process of one xdist run
-    return Path(tempfile.gettempdir()) / f"raydl-tests-{run}" if run else None
+    return Path(tempfile.gettempdir()) / f"raydl-tests-{run}.lock" if run else None
 
 
 @contextmanager
 def holding(exclusive: bool) -> Iterator[None]:
-    where = _lock_dir()
+    where = _lock_file()
     if where is None:
         yield
         return
-    where.mkdir(exist_ok=True)
-    with open(where / "gate", "a") as gate, open(where / "lock", "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+    with open(where, "a") as lock:
+        if exclusive:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(1.0)
+        else:
+            fcntl.flock(lock, fcntl.LOCK_SH)
         try:
             yield
         finally:
