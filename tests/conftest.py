@@ -49,24 +49,21 @@ def _test_beside_others(request):
         yield
 
 
-# Minutes on a quiet 2-core machine (CI, 2026-11-27): the alone modules, and the unit tests together.
-ALONE_MINUTES = {"test_faults": 16.5, "test_survivors": 9.5, "test_restart_from_memory": 6}
-UNIT_MINUTES = 6
+# The alone modules, longest first (16.5, 9.5 and 6 min on a quiet 2-core machine, CI 2026-11-27); the unit tests
+# (~6 min) run beside the first.
+ALONE_ORDER = ("test_faults", "test_survivors", "test_restart_from_memory")
 
 
 def pytest_collection_modifyitems(items):
     """Under xdist (--dist loadfile, --no-loadscope-reorder) a module's tests stay in one process (its module-scoped
     cluster, job server or references are built once), handed out in this order: the other Ray tests, two at a time;
-    then each alone module followed by about as many minutes of unit tests, which the other process runs beside it."""
-    alone = [i for i in items if i.get_closest_marker("alone")]
-    unit = [i for i in items if i.path.parent.name == "unit"]
-    modules = sorted(dict.fromkeys(i.path for i in alone), key=lambda path: -ALONE_MINUTES.get(path.stem, 0))
-    ordered, taken = [i for i in items if i not in alone and i not in unit], 0
-    for module in modules:
-        ordered += [i for i in alone if i.path == module]
-        until = min(len(unit), taken + round(len(unit) * ALONE_MINUTES.get(module.stem, 0) / UNIT_MINUTES))
-        ordered, taken = ordered + unit[taken:until], until
-    items[:] = ordered + unit[taken:]
+    then the alone modules, the unit tests right after the first, which the other process runs beside it."""
+    alone, unit, other = [], [], []
+    for item in items:
+        (alone if item.get_closest_marker("alone") else unit if item.path.parent.name == "unit" else other).append(item)
+    alone.sort(key=lambda i: ALONE_ORDER.index(i.path.stem) if i.path.stem in ALONE_ORDER else len(ALONE_ORDER))
+    first = [i for i in alone if i.path == alone[0].path] if alone else []
+    items[:] = other + first + unit + alone[len(first):]
 
 
 @pytest.fixture(scope="session")

@@ -258,7 +258,8 @@ def _tune_env():
     quiet, controller_log = QuietRaydlTrialErrors(), logging.getLogger("ray.tune.execution.tune_controller")
     # Tune's own Ctrl-C lines ("Stop signal received ...", "Resume experiment with: Tuner.restore(...)"): raydl says
     # the sweep was interrupted and prints its own `raydl sweep --resume` command.
-    tune_log, tune_level = logging.getLogger("ray.tune.tune"), logging.getLogger("ray.tune.tune").level
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_level = tune_log.level
     if not _verbose():
         controller_log.addFilter(quiet)
         tune_log.setLevel(logging.ERROR)
