@@ -48,7 +48,11 @@ class FaultCluster:
         from ray.cluster_utils import Cluster
 
         os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)   # Cluster() writes ray_current_cluster there and fails without it
-        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        # No metrics: once a node is lost with no room for its placement-group bundle, Ray 2.60's GCS retries
+        # the bundle in a loop without backoff (ray-project/ray#65007) and its scheduling metrics kept the
+        # head's DashboardAgent ingesting at 100% of a second core; without them the survivors keep one core.
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "_system_config": {"enable_metrics_collection": False}})
         self.nodes: list = []
 
     @property

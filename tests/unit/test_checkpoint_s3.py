@@ -11,6 +11,7 @@ from raydl import storage
 from raydl.errors import CheckpointError
 from raydl.models.gpt import build_gpt
 from raydl.train import checkpoint as ckpt
+from tests.helpers import raydl_warns
 from tests.unit.test_checkpoint_safety import save_step, tiny_state
 
 
@@ -30,7 +31,7 @@ def test_an_upload_cut_off_falls_back_to_the_previous_checkpoint(s3_bucket, tmp_
     upload(new, f"{runs}/step_00000020", skip=next(new.glob("__0_*.distcp")).name)
     assert ckpt.is_complete(f"{runs}/step_00000020")            # the files written last are there...
     assert ckpt.all_complete(runs) == [f"{runs}/step_00000020", f"{runs}/step_00000010"]
-    with pytest.warns(UserWarning, match="step_00000020 is not usable .*distcp is missing"):
+    with raydl_warns("step_00000020 is not usable .*distcp is missing"):
         assert ckpt.resolve_resume(runs) == f"{runs}/step_00000010"   # ...but it is not intact: never loaded
     with pytest.raises(CheckpointError, match="step_00000020' is not usable"):
         ckpt.resolve_resume(f"{runs}/step_00000020")
