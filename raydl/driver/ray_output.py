@@ -9,7 +9,9 @@ paragraph). Both pass through `print_to_stdstream` in ray._private.worker: the f
 handler that ray.init registers under "ray_print_logs" with Ray's stdstream dispatcher, the raylet's
 through a direct call of the module's function (`listen_error_messages`). Ray has no setting for where
 they go (log_to_driver=False drops the forwarded ones, and the raylet's are printed regardless), so while a
-run trains `RouteToFile` takes both places, and puts Ray's function back after the run.
+run trains `RouteToFile` takes both places. After the run, on a Ray the caller started, Ray prints again (`AfterRun`),
+except what the run's own actors still write (Train's placement-group cleaner noticing that the controller is gone,
+a worker shutting down): those lines are the run's, and go on to its file.
 
 A line that raydl's logger wrote in a worker or actor ("[raydl] ...") is shown on the console as raydl's
 own, without Ray's prefix; every other line is appended to the log file with Ray's prefix and no colour.
@@ -34,6 +36,10 @@ log = logging.getLogger("raydl")
 RAY_LOG = "ray.log"   # beside workers.log in the run directory (a sweep: in the sweep directory)
 HANDLER = "ray_print_logs"   # the name ray.init registers Ray's printing under (ray._private.worker.connect)
 _LEVELS = {"[raydl] warning: ": logging.WARNING, "[raydl] error: ": logging.ERROR, "[raydl] ": logging.INFO}
+# The actors a run starts (Ray Train's, torchft's Lighthouse for the survivors path, raydl's), as Ray names them in a
+# forwarded line's prefix.
+RUN_ACTORS = frozenset({"TrainController", "RayTrainWorker", "PlacementGroupCleaner", "PreemptionWatcher",
+                        "SynchronizationActor", "LighthouseServerActor", "MetricsSink", "StopRequest"})
 
 
 def raydl_line(line: str) -> tuple[int, str] | None:
@@ -92,11 +98,23 @@ class RouteToFile:
             self.fallback({**data, "lines": kept}, ignore_prefix)
 
 
+class AfterRun:
+    """Stands in for Ray's printer after a run on a Ray the caller started: the run's actors' lines go on to the
+    run's file, everything else is Ray's to print again."""
+
+    def __init__(self, route: RouteToFile, rays):
+        self.route, self.rays = route, rays
+
+    def __call__(self, data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        printer = self.route if data.get("actor_name") in RUN_ACTORS else self.rays
+        printer(data, ignore_prefix)
+
+
 @contextlib.contextmanager
 def route_to(path: Path, *, keep_after: bool = False) -> Iterator[None]:
     """While inside, Ray's printed lines go to `path` (see the module's doc); with -v nothing changes.
     keep_after: leave them routed after the block (raydl started this Ray: the lines of its shutdown, which
-    come after the run's end, are the run's too); otherwise Ray's own printing is put back."""
+    come after the run's end, are the run's too); otherwise Ray prints again, but for the run's actors (AfterRun)."""
     import ray._private.worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
@@ -112,7 +130,7 @@ def route_to(path: Path, *, keep_after: bool = False) -> Iterator[None]:
         yield
     finally:
         if not keep_after:
-            _install(ray_worker, dispatcher, original, forwarding, ignore_prefix)
+            _install(ray_worker, dispatcher, AfterRun(route, original), forwarding, ignore_prefix)
 
 
 def _install(ray_worker, dispatcher, printer, forwarding: bool, ignore_prefix: bool) -> None:

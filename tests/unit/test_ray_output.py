@@ -79,14 +79,24 @@ def printers() -> tuple:
     return ray_worker.print_to_stdstream, handler.func
 
 
-def test_route_is_taken_for_the_run_and_given_back(tmp_path, default_verbosity, forwarding):
-    rays = printers()
+def test_route_is_taken_for_the_run_and_given_back_but_for_the_runs_actors(tmp_path, default_verbosity, forwarding,
+                                                                             capsys):
     with route_to(tmp_path / "ray.log"):
         taken = printers()
         assert all(isinstance(p, RouteToFile) for p in taken)
         ray_worker.print_to_stdstream({"pid": "raylet", "is_err": False, "lines": [DIED]}, ignore_prefix=False)
-    assert printers() == rays
     assert DIED in (tmp_path / "ray.log").read_text()
+    # After the run (a Ray the caller started): Train's cleaner, still checking on the controller, is the run's; the
+    # caller's own actor and the raylet are Ray's to print again.
+    raylet, forwarded = printers()
+    late = "Failed to query Ray Train Controller actor state. Continuing to monitor."
+    forwarded({"pid": 7, "actor_name": "PlacementGroupCleaner", "is_err": True, "lines": [late]})
+    forwarded({"pid": 8, "actor_name": "CallersActor", "is_err": False, "lines": ["the caller's own line"]})
+    raylet({"pid": "raylet", "is_err": True, "lines": ["a raylet message after the run"]})
+    printed = capsys.readouterr()
+    assert late in (tmp_path / "ray.log").read_text() and late not in printed.out + printed.err
+    assert "the caller's own line" in printed.out and "a raylet message after the run" in printed.err
+    assert "the caller's own line" not in (tmp_path / "ray.log").read_text()
     with route_to(tmp_path / "ray.log", keep_after=True):   # raydl started this Ray: its shutdown's lines too
         pass
     assert all(isinstance(p, RouteToFile) for p in printers())
