@@ -122,7 +122,9 @@ def route_to(path: Path, *, keep_after: bool = False) -> Iterator[None]:
         yield
         return
     original = ray_worker.print_to_stdstream
-    route = RouteToFile(path, original)
+    # After an earlier run in this process Ray's printer is its AfterRun: replaced below, not wrapped in another.
+    rays = original.rays if isinstance(original, AfterRun) else original
+    route = RouteToFile(path, rays)
     forwarding = any(name == HANDLER for name, _ in dispatcher.handlers)
     ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
     _install(ray_worker, dispatcher, route, forwarding, ignore_prefix)
@@ -130,7 +132,7 @@ def route_to(path: Path, *, keep_after: bool = False) -> Iterator[None]:
         yield
     finally:
         if not keep_after:
-            _install(ray_worker, dispatcher, AfterRun(route, original), forwarding, ignore_prefix)
+            _install(ray_worker, dispatcher, AfterRun(route, rays), forwarding, ignore_prefix)
 
 
 def _install(ray_worker, dispatcher, printer, forwarding: bool, ignore_prefix: bool) -> None:
