@@ -9,12 +9,16 @@ loss within a second still counts the dead node's CPUs, asks for the old size, a
 start timeout (scaling.worker_start_timeout_s) before it tries the smaller size (shared/RAY_NOTES.md, P4).
 Here every decision first drops the nodes that the GCS reports dead or whose raylet does not accept a TCP
 connection: a vanished node's raylet port refuses or times out at once, while the GCS still lists it alive.
+And a node added to the cluster is seen at the next check (scaling.resize_check_s), not up to 20 s later: the
+policy asks the coordinator to refresh its view of the nodes (its `recompute`, one `ray.nodes()`) at most once
+per check.
 """
 
 from __future__ import annotations
 
 import ray
 from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy, NoopDecision, ResizeDecision
+from ray.train.v2._internal.util import time_monotonic
 
 from raydl.driver.cluster_watch import raylet_answers
 
@@ -27,9 +31,23 @@ def live_only(reserved: dict[str, dict[str, float]], nodes: list[dict], answers=
 
 
 class LiveNodesElasticPolicy(ElasticScalingPolicy):
+    def __init__(self, scaling_config):
+        super().__init__(scaling_config)
+        self._latest_view_refresh_time = float("-inf")
+
     def _get_reserved_resources(self):
+        self._maybe_refresh_coordinator_view()
         reserved = super()._get_reserved_resources()
         return None if reserved is None else live_only(reserved, ray.nodes())
+
+    def _maybe_refresh_coordinator_view(self) -> None:
+        """Ask the coordinator to re-read the nodes before the query that follows (an actor runs one caller's
+        calls in order), at most once per resize check; the answer is not awaited."""
+        now = time_monotonic()
+        if now - self._latest_view_refresh_time < self.scaling_config.elastic_resize_monitor_interval_s:
+            return
+        self._latest_view_refresh_time = now
+        self._autoscaling_coordinator.get_reserved_resources.remote(self._requester_id, recompute=True)
 
 
 def replaces_alone(error, size: int | None) -> bool:

@@ -55,9 +55,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]   # pyproject's timeout: a 60
 RESUME_TOLERANCE, FINAL_BAND, FINAL_ABS = 1e-4, 0.3, 0.25   # the loss starts at ~2.8
 GB, STEPS, EVERY = 64, 120, 5      # 2 epochs of 60 steps
 LAST_EPOCH = 60
-# Growth and drain must happen while the run trains: a new node is seen within ~20 s (Ray's autoscaling
-# coordinator ticks every 20 s, not configurable), a drain notice within ~5 s. 600 steps last long enough
-# even when the machine is idle (~0.05 s/step at 1 worker since reports stopped stalling the next step).
+# Growth and drain must happen while the run trains: a new node is seen at the next resize check (5 s here: raydl's
+# policy has Ray's coordinator re-read the nodes, which it otherwise does every 20 s; 13 s measured from the node's
+# start to a step at the new size), a drain notice within ~5 s. The runs are 600 steps for the end band of
+# assert_resumed_like_reference: the fault-free loss has converged by then (mean of the last epoch 0.0014), while at
+# 300 steps it is still falling (0.73, lr schedule over 300) and another layout's rounding moves it far more.
 LONG = ("train.max_steps=600", "checkpoint.every_steps=10")
 
 
@@ -154,36 +156,7 @@ def log(msg: str) -> None:
     print(f"[fault] {msg}", flush=True)
 
 
-# ---------------------------------------------------------------------------------------------------- 1
-def test_worker_killed_three_times_mid_epoch(cluster, run_on, reference, data_cache):
-    cluster.resize(1)
-    run = run_on("scaling.min_workers=2", "scaling.max_workers=2", "scaling.max_failures=3")
-    rng = random.Random(0)
-    for target in (12, 27, 42):      # mid-interval: after the step-10/25/40 checkpoints, before the next
-        run.wait_step(target - 2, deadline_s=240)
-        victim = rng.choice(run.workers(2))
-        run.wait_step(target)
-        assert kill(victim)
-        t_kill, at = time.monotonic(), run.step()
-        run.wait_for(f"a step after the kill at {at}", lambda: run.step() > at + 2, 180)
-        log(f"kill at step {at}: {time.monotonic() - t_kill:.1f} s to a reported step past it")
-    summary = run.finish()
-
-    assert summary["world_sizes"] == [2] and len(summary["restarts"]) == 3, summary["restarts"]
-    # The driver's console (--address, a Ray the caller started): raydl's lines only, one per death.
-    console = run.log.read_text()
-    assert not not_raydls(console), "\n".join(not_raydls(console))
-    assert console.count("[raydl] a worker failed: rank ") >= 3 and " died (" in console, console
-    assert (run.run_dir / "ray.log").read_text().count("A worker died or was killed") >= 3
-    for r in summary["restarts"]:
-        assert r["cause"].startswith("rank ") and r["resumed_at_step"] % EVERY == 0, r
-        assert 0 <= r["steps_redone"] <= EVERY, r
-    assert len(attempts(ledger(run))) == 4
-    assert_exactly_once(run, data_cache)
-    assert_same_result(summary, reference)
-
-
-# ---------------------------------------------------------------------------------------------------- 5
+# ---------------------------------------------------------------------------------------------------- 1, 5, 6
 def flip_bytes(path: Path) -> None:
     data = bytearray(path.read_bytes())
     mid = len(data) // 2
@@ -201,31 +174,6 @@ def settled_checkpoints(run: Run) -> list[int]:
     return poll("registered checkpoints to settle", stable, 30, lambda: str(seen), every_s=1.5)
 
 
-def test_corrupt_newest_checkpoint_then_kill_resumes_from_previous(cluster, run_on, reference, data_cache):
-    cluster.resize(1)
-    run = run_on("scaling.min_workers=2", "scaling.max_workers=2", "scaling.max_failures=1")
-    run.wait_step(22, deadline_s=240)
-    workers = run.workers(2)
-    for pid in workers:     # freeze training so that "the newest checkpoint" stays the newest
-        kill(pid, signal.SIGSTOP)
-    registered = settled_checkpoints(run)
-    newest, previous = (run.run_dir / "train" / ckpt.checkpoint_name(s) for s in registered[-2:][::-1])
-    flip_bytes(newest / "__0_0.distcp")
-    assert ckpt.verify(newest) and ckpt.verify(previous) is None
-    kill(workers[1])
-    kill(workers[0], signal.SIGCONT)
-    log(f"corrupted {newest.name}, killed a worker")
-    summary = run.finish()
-
-    assert [r["resumed_at_step"] for r in summary["restarts"]] == [registered[-2]], summary["restarts"]
-    out = run.tail(10**7)
-    assert f"checkpoint {newest} is not usable (__0_0.distcp is missing or does not match its checksum); " \
-           f"falling back to {previous}" in out, out[-5000:]
-    assert_exactly_once(run, data_cache)
-    assert_same_result(summary, reference)
-
-
-# ---------------------------------------------------------------------------------------------------- 6
 def catch_checkpoint_write(run: Run, deadline_s: float) -> tuple[int, str]:
     """(pid, path): a worker with a DCP shard file open (writing, hashing or uploading a checkpoint).
 
@@ -235,10 +183,8 @@ def catch_checkpoint_write(run: Run, deadline_s: float) -> tuple[int, str]:
     return run.wait_for("a worker writing a checkpoint", writing, deadline_s, every_s=0)
 
 
-def test_kill_during_checkpoint_write_never_loads_partial(cluster, run_on, reference, data_cache):
-    cluster.resize(1)
-    run = run_on("scaling.min_workers=2", "scaling.max_workers=2", "scaling.max_failures=1")
-    run.wait_step(EVERY + 2, deadline_s=240)
+def kill_during_checkpoint_write(run: Run) -> tuple[int, Path]:
+    """(the step being saved, the partial checkpoint): a worker killed while it writes a checkpoint."""
     pid, path = catch_checkpoint_write(run, deadline_s=60)
     kill(pid)
     partial = Path(path).parent
@@ -247,10 +193,75 @@ def test_kill_during_checkpoint_write_never_loads_partial(cluster, run_on, refer
     writing = max(step["offset"] for log in read_ledger(ledger(run)) if log.pid == pid for step in log.steps) // GB
     log(f"killed pid {pid} while saving step {writing} ({path}); verify: {problem}")
     assert problem, f"{partial} verified complete: the kill came too late to test a partial write"
+    return writing, partial
+
+
+def corrupt_newest_checkpoint_then_kill(run: Run) -> tuple[list[int], Path, Path]:
+    """(registered steps, newest, previous): training frozen so that the newest checkpoint stays the newest, its
+    shard corrupted, one worker killed and the other let go."""
+    workers = run.workers(2)
+    for pid in workers:
+        kill(pid, signal.SIGSTOP)
+    registered = settled_checkpoints(run)
+    newest, previous = (run.run_dir / "train" / ckpt.checkpoint_name(s) for s in registered[-2:][::-1])
+    flip_bytes(newest / "__0_0.distcp")
+    assert ckpt.verify(newest) and ckpt.verify(previous) is None
+    kill(workers[1])
+    kill(workers[0], signal.SIGCONT)
+    log(f"corrupted {newest.name}, killed a worker")
+    return registered, newest, previous
+
+
+def kill_mid_interval(run: Run, target: int, rng: random.Random) -> int:
+    """A worker killed at `target` (a step after a checkpoint, before the next), then a step past it awaited;
+    returns the newest checkpoint Ray had registered before the kill."""
+    run.wait_step(target - 2, deadline_s=240)
+    victim = rng.choice(run.workers(2))
+    run.wait_step(target)
+    registered = checkpoints(run.run_dir)
+    assert kill(victim)
+    t_kill, at = time.monotonic(), run.step()
+    run.wait_for(f"a step after the kill at {at}", lambda: run.step() > at + 2, 180)
+    log(f"kill at step {at} (newest registered checkpoint {registered[-1]}): {time.monotonic() - t_kill:.1f} s "
+        "to a reported step past it")
+    return registered[-1]
+
+
+def test_five_worker_deaths_partial_and_corrupt_checkpoints_lose_nothing(cluster, run_on, reference, data_cache):
+    """One run, five faults in turn (three tests of one kind of run, merged: issue 34): a worker killed while it
+    writes a checkpoint (the partial one is never loaded), the newest checkpoint corrupted and a worker killed (the
+    run falls back to the previous one), then a worker killed three times mid-interval. The same result as the
+    fault-free run, to the bit, and every sample once."""
+    cluster.resize(1)
+    run = run_on("scaling.min_workers=2", "scaling.max_workers=2", "scaling.max_failures=5")
+    run.wait_step(EVERY + 2, deadline_s=240)
+    writing, partial = kill_during_checkpoint_write(run)
+    run.wait_step(22, deadline_s=240)
+    registered, newest, previous = corrupt_newest_checkpoint_then_kill(run)
+    rng = random.Random(0)
+    # mid-interval: after the step-40/55/70 checkpoints, before the next
+    registered_at_kill = [kill_mid_interval(run, target, rng) for target in (42, 57, 72)]
     summary = run.finish()
 
-    assert writing % EVERY == 0 and [r["resumed_at_step"] for r in summary["restarts"]] == [writing - EVERY], \
-        (writing, summary["restarts"])
+    assert summary["world_sizes"] == [2] and len(summary["restarts"]) == 5, summary["restarts"]
+    at_write, at_corrupt, *mid_interval = summary["restarts"]
+    assert writing % EVERY == 0 and at_write["resumed_at_step"] == writing - EVERY, (writing, at_write)
+    assert at_corrupt["resumed_at_step"] == registered[-2], (registered, at_corrupt)
+    out = run.tail(10**7)
+    assert f"checkpoint {newest} is not usable (__0_0.distcp is missing or does not match its checksum); " \
+           f"falling back to {previous}" in out, out[-5000:]
+    # Each resumes from the newest checkpoint Ray had registered when the worker died, or a newer one. How many steps
+    # that is behind the last reported step depends on when Train's controller registered the last reports (its poll:
+    # 5 steps behind in one run, 10 in another): not asserted.
+    for r, newest in zip(mid_interval, registered_at_kill):
+        assert r["cause"].startswith("rank ") and r["resumed_at_step"] % EVERY == 0, r
+        assert newest <= r["resumed_at_step"] == r["step"] - r["steps_redone"] <= r["step"], (r, newest)
+    # The driver's console (--address, a Ray the caller started): raydl's lines only, one per death.
+    console = run.log.read_text()
+    assert not not_raydls(console), "\n".join(not_raydls(console))
+    assert console.count("[raydl] a worker failed: rank ") >= 5 and " died (" in console, console
+    assert (run.run_dir / "ray.log").read_text().count("A worker died or was killed") >= 5
+    assert len(attempts(ledger(run))) == 6
     assert_exactly_once(run, data_cache)
     assert_same_result(summary, reference)
     if partial.name.startswith("raydl-ckpt-"):

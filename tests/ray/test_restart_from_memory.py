@@ -49,6 +49,19 @@ def cluster():
     c.shutdown()
 
 
+@pytest.fixture(scope="module")
+def reference(data_cache, tmp_path_factory):
+    """reference(layout) -> the fault-free torchrun run of that layout, cached: it saves no checkpoint before its
+    end whatever the test's checkpoint.every_steps (fault_harness.reference_run), so one serves every test of a layout."""
+    cache: dict[tuple, dict] = {}
+
+    def of(layout: tuple[str, ...]) -> dict:
+        if layout not in cache:
+            cache[layout] = reference_run(tmp_path_factory.mktemp("reference") / "run", overrides(data_cache, layout=layout))
+        return cache[layout]
+    return of
+
+
 def same_as_reference(run, summary: dict, reference: dict) -> None:
     """Same layout before and after the restart: every step's loss, the final loss and the eval bit-identical."""
     assert summary["steps"] == reference["steps"] and summary["samples"] == reference["samples"]
@@ -58,9 +71,8 @@ def same_as_reference(run, summary: dict, reference: dict) -> None:
 
 
 @pytest.mark.parametrize("layout", [PP2, FSDP2, DDP2], ids=["pp2", "fsdp_dp2", "ddp_dp2"])
-def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layout):
+def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layout, reference):
     sets = overrides(data_cache, "checkpoint.every_steps=100", layout=layout)
-    reference = reference_run(tmp_path / "reference" / "run", sets)
     run = ledger_run(tmp_path / "faulted", sets, cluster.address).start()
     try:
         run.wait_step(30, deadline_s=400)
@@ -74,15 +86,14 @@ def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layo
     assert restart["resumed_at_step"] >= fault_after - 1 and restart["steps_redone"] <= 1, restart
     assert "resumed from memory at step" in run.tail(200_000)
     assert_exactly_once(run, data_cache)
-    same_as_reference(run, summary, reference)
+    same_as_reference(run, summary, reference(layout))
 
 
-def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data_cache, tmp_path):
+def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data_cache, tmp_path, reference):
     """Rank 1's shards taken out of the holder while the workers are stopped, and the stopped group's later sends
     refused: no step is held by every rank, so the restarted group reloads the last storage checkpoint (every 10
     steps here) instead."""
     extra = "checkpoint.every_steps=10"
-    reference = reference_run(tmp_path / "reference" / "run", overrides(data_cache, extra))
     run = ledger_run(tmp_path / "faulted", overrides(data_cache, extra), cluster.address).start()
     try:
         run.wait_step(25, deadline_s=400)
@@ -105,7 +116,7 @@ def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data
     assert restart["steps_redone"] == restart["step"] - 20, restart
     assert "resumed from memory" not in run.tail(200_000)
     assert_exactly_once(run, data_cache)
-    same_as_reference(run, summary, reference)
+    same_as_reference(run, summary, reference(PP2))
 
 
 def drop_rank_from_holder(address: str, *, rank: int) -> list[str]:

@@ -144,3 +144,39 @@ def test_a_survivors_error_unseen_by_the_controller_ends_the_run_as_the_controll
     crash = ended_result(tmp_path, (1, RuntimeError("injected"), "Traceback ...\nRuntimeError: injected\n")).error
     assert raydl_error_in(crash) is None and "RuntimeError: injected" in str(crash)
     assert ended_result(tmp_path, None).error is None
+
+
+def test_the_coordinator_rereads_the_nodes_once_per_resize_check(monkeypatch):
+    """Ray's coordinator refreshes its view of the nodes every 20 s; the policy asks it to re-read them before a
+    query at most once per scaling.resize_check_s, so a node added is seen at the next check."""
+    from ray.train import ScalingConfig
+
+    from raydl.driver import scaling_policy
+
+    class Coordinator:   # records the calls the policy sends to Ray's AutoscalingCoordinator actor
+        def __init__(self):
+            self.calls = []
+            self.get_reserved_resources = self
+
+        def remote(self, requester_id, recompute=False):
+            self.calls.append((requester_id, recompute))
+            return "reference"
+
+    class Client:
+        _autoscaling_coordinator = Coordinator()
+
+    now = [100.0]
+    monkeypatch.setattr(scaling_policy, "time_monotonic", lambda: now[0])
+    monkeypatch.setattr(scaling_policy.ray, "get", lambda ref, timeout=None: {"node": {"CPU": 1.0}})
+    monkeypatch.setattr(scaling_policy.ray, "nodes", lambda: [])
+    monkeypatch.setattr(scaling_policy, "live_only", lambda reserved, nodes: reserved)   # tested above
+    policy = scaling_policy.LiveNodesElasticPolicy(ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=5))
+    policy._requester_id, policy._coordinator_client = "train-run", Client()
+    calls = Client._autoscaling_coordinator.calls
+    for t in (100.0, 102.0, 104.9, 105.0, 111.0):
+        now[0] = t
+        policy._latest_reserved_resources_query_time = float("-inf")   # Ray's 1 s cache of the answer: past
+        assert policy._get_reserved_resources() == {"node": {"CPU": 1.0}}
+    refreshes = [c for c in calls if c[1]]
+    assert refreshes == [("train-run", True)] * 3, calls   # at 100, 105 and 111: each a query of its own after it
+    assert calls[0] == ("train-run", True) and calls[1] == ("train-run", False) and len(calls) == 8
