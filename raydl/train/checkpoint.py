@@ -55,12 +55,22 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "raydl_state.json"
 FIX_EARLIER = "Fix: resume from an earlier checkpoint of the run"
-# The optimizer state keyed by parameter name, hyperparameters included (torchtitan's choice). In torch's default
-# nested form every rank saves its param group's list of parameter names under one key, "optim.param_groups.0.params";
-# DCP keeps one rank's, and a pipeline stage then loaded another stage's names: its first optimizer step after a
-# resume failed (KeyError: 'betas'). Checkpoints written before keep loading in their nested form.
+# The optimizer state keyed by parameter name (torchtitan's choice). In torch's default nested form every rank saves
+# its param group's list of parameter names under one key, "optim.param_groups.0.params"; DCP keeps one rank's, and a
+# pipeline stage then loaded another stage's names: its first optimizer step after a resume failed (KeyError:
+# 'betas'). Checkpoints written before keep loading in their nested form.
 FLAT_OPTIMIZER = StateDictOptions(flatten_optimizer_state_dict=True)
 NESTED_KEY = "optim.param_groups.0.params"
+# The flat form also copies every group's hyperparameters (lr, betas, eps, weight_decay, ...) to each parameter:
+# 583 of the tiny GPT's 795 checkpoint items, each pickled on its own, which took half of a save's time. They are the
+# config's (and the lr a function of the step: raydl.train.optim), so a checkpoint holds the states alone and a
+# resumed optimizer keeps the hyperparameters its config gave it; those of earlier checkpoints are not read.
+HYPERPARAMETERS = "param_groups."
+
+
+def optimizer_states(osd: dict[str, Any]) -> dict[str, Any]:
+    """A flat optimizer state dict without its per-parameter copies of the hyperparameters."""
+    return {key: value for key, value in osd.items() if not key.startswith(HYPERPARAMETERS)}
 
 
 def checkpoint_name(step: int) -> str:
@@ -100,7 +110,7 @@ def save(path: str | Path, model: nn.Module, optimizer, state: dict[str, Any], *
         msd, osd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER)
     msd = trained_part(msd, model)
     tied = tied_pairs(model)
-    dcp.save({"model": stored(msd, tied), "optim": stored(osd, tied)}, checkpoint_id=str(path))
+    dcp.save({"model": stored(msd, tied), "optim": stored(optimizer_states(osd), tied)}, checkpoint_id=str(path))
     mine = sorted(path.glob(f"__{rank}_*.distcp")) + ([path / safe_dcp.METADATA_FILE] if rank == 0 else [])
     _write_atomic(path / f"files-rank{rank}.json", json.dumps({f.name: _fingerprint(f) for f in mine}))
     if rank == 0:
@@ -267,13 +277,15 @@ def load(path: str | Path, model: nn.Module, optimizer, fingerprint: dict[str, A
     check_compatible(state, fingerprint, path)
     with _loading(path):
         reader = safe_dcp.CheckedReader(path)
-        options = StateDictOptions() if NESTED_KEY in reader.metadata.state_dict_metadata else FLAT_OPTIMIZER
+        nested = NESTED_KEY in reader.metadata.state_dict_metadata
+        options = StateDictOptions() if nested else FLAT_OPTIMIZER
         with states_one_by_one(optimizer):
             msd, osd = get_state_dict(model, optimizer, options=options)
         msd, tied = trained_part(msd, model), tied_pairs(model)
-        read = {"model": stored(msd, tied), "optim": stored(osd, tied)}
+        states = osd if nested else optimizer_states(osd)
+        read = {"model": stored(msd, tied), "optim": stored(states, tied)}
         dcp.load(read, storage_reader=reader, planner=safe_dcp.WeightsOnlyPlanner())
-        msd, osd = unstored(msd, read["model"], tied), unstored(osd, read["optim"], tied)
+        msd, osd = unstored(msd, read["model"], tied), {**osd, **unstored(states, read["optim"], tied)}
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd,
                        options=dataclasses.replace(options, strict=not adapted(model)))
     return state

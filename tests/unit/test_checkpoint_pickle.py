@@ -48,25 +48,43 @@ def forge_metadata(path: Path, marker: Path) -> None:
     reseal(path)
 
 
-def torch_dcp_load(path: Path) -> None:
+def torch_dcp_load(path: Path, *, hyperparameters: bool = False) -> None:
+    """torch's own DCP reader on `path`, asking for what raydl saves (hyperparameters: the form it saved before)."""
     model, optimizer = tiny_model_and_optimizer(0)
-    msd, osd = get_state_dict(model, optimizer, options=ckpt.FLAT_OPTIMIZER)   # the form raydl saves
-    dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    msd, osd = get_state_dict(model, optimizer, options=ckpt.FLAT_OPTIMIZER)
+    dcp.load({"model": msd, "optim": osd if hyperparameters else ckpt.optimizer_states(osd)}, checkpoint_id=str(path))
+
+
+def trained_model_and_optimizer(seed: int):
+    model, optimizer = tiny_model_and_optimizer(seed)
+    model(torch.randint(0, 16, (2, 8))).float().pow(2).mean().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def save_rewritten(path: Path, model, optimizer, change=lambda osd: osd) -> None:
+    """A checkpoint of raydl's whose shards are written again from torch's flat optimizer state, hyperparameters
+    included (the form raydl saved before 2026-11-28), after `change`."""
+    ckpt.save(path, model, optimizer, tiny_state(1), rank=0)
+    msd, osd = get_state_dict(model, optimizer, options=ckpt.FLAT_OPTIMIZER)
+    dcp.save({"model": msd, "optim": change(osd)}, checkpoint_id=str(path))
+    reseal(path)
 
 
 def test_model_and_optimizer_round_trip_through_the_restricted_reader(tmp_path):
-    model, optimizer = tiny_model_and_optimizer(3)
-    model(torch.randint(0, 16, (2, 8))).float().pow(2).mean().backward()
-    optimizer.step()
+    model, optimizer = trained_model_and_optimizer(3)
     path = tmp_path / ckpt.checkpoint_name(1)
     ckpt.save(path, model, optimizer, tiny_state(1), rank=0)
     assert ckpt.verify(path) is None
     assert isinstance(safe_dcp.CheckedReader(path).read_metadata(), dcp.Metadata)
+    items = safe_dcp.read_metadata(path).state_dict_metadata
+    assert not [key for key in items if key.startswith("optim.param_groups")], sorted(items)   # states alone
 
     fresh, fresh_optimizer = tiny_model_and_optimizer(99)
-    fresh_optimizer.param_groups[0]["lr"] = 0.5
+    fresh_optimizer.param_groups[0].update(lr=0.5, weight_decay=0.25)   # a resume with --set train.weight_decay=0.25
     ckpt.load(path, fresh, fresh_optimizer, {"name": "gpt"})
-    assert fresh_optimizer.param_groups[0]["lr"] == 1e-3           # a non-tensor ("bytes") entry
+    # The hyperparameters are the resumed run's own (its config): until 2026-11-28 the checkpoint's won, silently.
+    assert fresh_optimizer.param_groups[0]["lr"] == 0.5 and fresh_optimizer.param_groups[0]["weight_decay"] == 0.25
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
     saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
@@ -78,9 +96,7 @@ def test_model_and_optimizer_round_trip_through_the_restricted_reader(tmp_path):
 
 def test_a_checkpoint_with_the_nested_optimizer_form_still_loads(tmp_path):
     """Checkpoints written before raydl saved the optimizer state flattened (by parameter name)."""
-    model, optimizer = tiny_model_and_optimizer(3)
-    model(torch.randint(0, 16, (2, 8))).float().pow(2).mean().backward()
-    optimizer.step()
+    model, optimizer = trained_model_and_optimizer(3)
     path = tmp_path / ckpt.checkpoint_name(1)
     ckpt.save(path, model, optimizer, tiny_state(1), rank=0)
     msd, osd = get_state_dict(model, optimizer)      # the same files, written in torch's nested form
@@ -93,6 +109,32 @@ def test_a_checkpoint_with_the_nested_optimizer_form_still_loads(tmp_path):
     assert saved.keys() == loaded.keys() and saved
     for index in saved:
         assert torch.equal(loaded[index]["exp_avg"], saved[index]["exp_avg"]), index
+
+
+def test_a_checkpoint_with_every_parameters_hyperparameters_loads_without_reading_them(tmp_path):
+    """The flat form raydl saved before 2026-11-28 (hyperparameters copied to every parameter): its states load,
+    its hyperparameters are never read, so a payload there never runs (torch's own reader runs it)."""
+    model, optimizer = trained_model_and_optimizer(3)
+    marker = tmp_path / "pwned"
+    path = tmp_path / ckpt.checkpoint_name(1)
+
+    def payload_as_lr(osd):
+        key = next(k for k in osd if k.startswith(ckpt.HYPERPARAMETERS) and k.endswith(".lr"))
+        return {**osd, key: TouchOnLoad(marker)}
+    save_rewritten(path, model, optimizer, payload_as_lr)
+    assert [k for k in safe_dcp.read_metadata(path).state_dict_metadata if k.startswith("optim.param_groups")]
+    torch_dcp_load(path, hyperparameters=True)
+    assert marker.exists(), "the payload is live: torch's own planner runs it"
+    marker.unlink()
+
+    fresh, fresh_optimizer = tiny_model_and_optimizer(99)
+    ckpt.load(path, fresh, fresh_optimizer, {"name": "gpt"})
+    assert not marker.exists() and fresh_optimizer.param_groups[0]["lr"] == 1e-3
+    saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and saved
+    for index in saved:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(loaded[index][key], saved[index][key]), (index, key)
 
 
 def test_metadata_payload_is_refused_naming_file_and_class(tmp_path):
@@ -118,19 +160,23 @@ def test_metadata_payload_falls_back_to_the_previous_checkpoint(tmp_path):
 
 
 def test_optimizer_bytes_payload_is_refused(tmp_path):
-    """DCP stores non-tensor optimizer entries (lr, betas, ...) as torch.save bytes, which torch's
-    planner loads with weights_only=False."""
-    model, optimizer = tiny_model_and_optimizer(0)
+    """DCP stores non-tensor entries as torch.save bytes, which torch's planner loads with weights_only=False; raydl's
+    loads them as plain data only. A checkpoint whose optimizer step count is such an entry, holding a payload:"""
+    model, optimizer = trained_model_and_optimizer(0)
     marker = tmp_path / "pwned"
-    optimizer.param_groups[0]["lr"] = TouchOnLoad(marker)
     path = tmp_path / ckpt.checkpoint_name(1)
-    ckpt.save(path, model, optimizer, tiny_state(1), rank=0)
+
+    def payload_as_step(osd):
+        states = ckpt.optimizer_states(osd)
+        key = next(k for k in states if k.endswith(".step"))
+        return {**states, key: TouchOnLoad(marker)}
+    save_rewritten(path, model, optimizer, payload_as_step)
     torch_dcp_load(path)
     assert marker.exists(), "the payload is live: torch's own planner runs it"
     marker.unlink()
 
     assert ckpt.verify(path) is None   # well-formed metadata: only loading the entry would run it
-    with pytest.raises(CheckpointError, match=rf"checkpoint '{path}' is not usable: its entry .optim\.param_groups\.[\w.]+\.lr. asks to build getattr, which is not plain data"):
+    with pytest.raises(CheckpointError, match=rf"checkpoint '{path}' is not usable: its entry .optim\.state\.[\w.]+\.step. asks to build getattr, which is not plain data"):
         ckpt.load(path, *tiny_model_and_optimizer(0), {"name": "gpt"})
     assert not marker.exists()
 
