@@ -54,6 +54,7 @@ def main() -> None:
     p.add_argument("--finetune-steps", type=int, default=300)
     p.add_argument("--records", type=int, default=3000)
     p.add_argument("--held-out", type=int, default=100)
+    p.add_argument("--limit", type=int, default=100, help="Operands and answers below this number (<= 100).")
     p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args()
     work = Path(args.dir).resolve()
@@ -66,7 +67,8 @@ def main() -> None:
     (work / "corpus.txt").write_text(corpus)
     raydl = [str(Path(sys.executable).parent / "raydl")]
     run([sys.executable, "examples/arithmetic_words.py", "--out", str(work / "chat.jsonl"), "--held-out",
-         str(work / "held.jsonl"), "--records", str(args.records), "--held-out-records", str(args.held_out)],
+         str(work / "held.jsonl"), "--records", str(args.records), "--held-out-records", str(args.held_out),
+         "--limit", str(args.limit)],
         log, "records")
     make_tokenizer_dir(work / "tok", texts=[corpus, SAMPLE_TEXT, (work / "chat.jsonl").read_text()], vocab_size=1024)
     run([*raydl, "-q", "data", "prepare", str(work / "corpus.txt"), "--from", "text", "--tokenizer",
