@@ -1,8 +1,8 @@
 """Reading torch.distributed.checkpoint (DCP) files without running code from them.
 
 torch 2.13's FileSystemReader unpickles `.metadata` with plain `pickle.load`, and its
-DefaultLoadPlanner loads every non-tensor entry (an optimizer's step count stored as a number; in
-raydl's checkpoints before 2026-11-28 also the hyperparameters and parameter-name lists) with
+DefaultLoadPlanner loads every non-tensor entry (any state that is not a tensor; in raydl's
+checkpoints before 2026-11-28 also the optimizer's hyperparameters and parameter-name lists) with
 `torch.load(weights_only=False)`: a crafted checkpoint would run
 arbitrary code on `--resume`. Here `.metadata` is unpickled by an allowlist of the classes a DCP
 metadata file holds, its storage entries must name shard files of its own directory, and
