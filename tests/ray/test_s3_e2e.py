@@ -122,6 +122,8 @@ def test_exactly_once_with_data_and_checkpoints_in_the_bucket(s3_bucket, tmp_pat
         "checkpoint.memory_every_steps=0"))   # the restart reads the checkpoint from the bucket, not the state holder
     assert p.returncode == 0, p.stderr[-4000:]
     [restart] = json.loads(p.stdout)["restarts"]
-    assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
+    # From a checkpoint in the bucket: step 10's, or step 5's where Train's controller had not yet registered step 10's
+    # report when the failure came (it registers a report at its next poll; seen once, 2026-11-28: steps 6-10 redone).
+    assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] in (5, 10), restart
     ids = [i for step_ids in committed_ids(ledger).values() for i in step_ids]
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(local)
