@@ -57,6 +57,13 @@ def checkpoints(run_dir: Path) -> list[int]:
     return sorted({int(r["checkpoint_dir_name"][len("step_"):].split(".")[0]) for r in _registered(run_dir)})
 
 
+def newest_registered(run_dir: Path) -> int:
+    """The step of the newest checkpoint Ray has registered (0 for none): read just before a fault, the oldest step
+    the run may resume from (Train's controller registers a report at its next poll, so the last reported step's
+    checkpoint may not be among them yet)."""
+    return (checkpoints(run_dir) or [0])[-1]
+
+
 NO_CHECKPOINT_BEFORE_THE_END = 10**6
 
 

@@ -35,7 +35,8 @@ from raydl.bench.fault_cluster import FaultCluster, Run, poll, train_workers
 from raydl.bench.procs import kill
 from raydl.data.ledger_read import attempts, committed_ids, epoch_ids, read_ledger
 from tests.helpers import not_raydls
-from tests.ray.fault_harness import checkpoints, ledger, ledger_run, open_files, preempted_checkpoints, reference_run
+from tests.ray.fault_harness import (checkpoints, ledger, ledger_run, newest_registered, open_files,
+                                     preempted_checkpoints, reference_run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]   # pyproject's timeout: a 600-step run, its reference, a resize
 
@@ -191,7 +192,7 @@ def kill_during_checkpoint_write(run: Run) -> tuple[int, Path, int]:
     """(the step being saved, the partial checkpoint, the newest checkpoint Ray had registered before the kill; 0 for
     none): a worker killed while it writes a checkpoint."""
     pid, path = catch_checkpoint_write(run, deadline_s=60)
-    registered = checkpoints(run.run_dir)
+    registered = newest_registered(run.run_dir)
     kill(pid)
     partial = Path(path).parent
     problem = ckpt.verify(partial)
@@ -199,7 +200,7 @@ def kill_during_checkpoint_write(run: Run) -> tuple[int, Path, int]:
     writing = max(step["offset"] for log in read_ledger(ledger(run)) if log.pid == pid for step in log.steps) // GB
     log(f"killed pid {pid} while saving step {writing} ({path}); verify: {problem}")
     assert problem, f"{partial} verified complete: the kill came too late to test a partial write"
-    return writing, partial, (registered or [0])[-1]
+    return writing, partial, registered
 
 
 def corrupt_newest_checkpoint_then_kill(run: Run) -> tuple[list[int], Path, Path]:
@@ -224,13 +225,13 @@ def kill_mid_interval(run: Run, target: int, rng: random.Random) -> int:
     run.wait_step(target - 2, deadline_s=240)
     victim = rng.choice(run.workers(2))
     run.wait_step(target)
-    registered = checkpoints(run.run_dir)
+    registered = newest_registered(run.run_dir)
     assert kill(victim)
     t_kill, at = time.monotonic(), run.step()
     run.wait_for(f"a step after the kill at {at}", lambda: run.step() > at + 2, 180)
-    log(f"kill at step {at} (newest registered checkpoint {registered[-1]}): {time.monotonic() - t_kill:.1f} s "
+    log(f"kill at step {at} (newest registered checkpoint {registered}): {time.monotonic() - t_kill:.1f} s "
         "to a reported step past it")
-    return registered[-1]
+    return registered
 
 
 def test_five_worker_deaths_partial_and_corrupt_checkpoints_lose_nothing(cluster, run_on, reference, data_cache):
@@ -283,7 +284,7 @@ def test_node_lost_without_notice_shrinks_and_continues(cluster, run_on, referen
     cluster.resize(1)
     run = run_on("scaling.min_workers=1", "scaling.max_workers=2", "scaling.max_failures=1")
     run.wait_step(27, deadline_s=240)
-    at, t_loss, registered = run.step(), time.monotonic(), checkpoints(run.run_dir)
+    at, t_loss, registered = run.step(), time.monotonic(), newest_registered(run.run_dir)
     cluster.remove(cluster.nodes[0], graceful=False)
     run.wait_for("training at 1 worker", lambda: run.world_size() == 1 and run.step() > at, 240)
     log(f"node lost at step {at}: {time.monotonic() - t_loss:.1f} s to a reported step at 1 worker")
@@ -295,7 +296,7 @@ def test_node_lost_without_notice_shrinks_and_continues(cluster, run_on, referen
     # From the newest checkpoint Ray had registered when the node went, or a newer one (not a step count: the last
     # reports may not be registered yet; 10 steps redone in one run, 5 in others).
     assert restart["cause"].startswith("rank ") and restart["resumed_at_step"] % EVERY == 0, restart
-    assert (registered or [0])[-1] <= restart["resumed_at_step"] == restart["step"] - restart["steps_redone"], (registered, restart)
+    assert registered <= restart["resumed_at_step"] == restart["step"] - restart["steps_redone"], (registered, restart)
     assert_exactly_once(run, data_cache)
     assert_resumed_like_reference(run, summary, reference)
 
