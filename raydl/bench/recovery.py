@@ -197,9 +197,15 @@ def write(session: harness.Session, args, runs: dict[str, list[dict[str, Any]]])
             overhead[fault] = harness.paired_ratios([r[key] for r in runs[f"{fault}/survivors"]],
                                                     [r[key] for r in runs[f"{fault}/raydl"]])
             print(harness.describe(f"{fault}: survivors / full-restart step time", overhead[fault]))
+    throughput = {}   # the steady cost as issue 38 states it: wall-clock samples/s after the first fifth
+    if "none/survivors" in runs and "none/raydl" in runs:
+        throughput["none"] = harness.paired_ratios([r["samples_per_s"] for r in runs["none/survivors"]],
+                                                   [r["samples_per_s"] for r in runs["none/raydl"]])
+        print(harness.describe("none: survivors / full-restart samples/s", throughput["none"]))
     session.write(steps=args.steps, at_step=args.at_step, checkpoint_every_steps=EVERY, settings=SETTINGS,
                   rounds_done=min(len(side_runs) for side_runs in runs.values()), sides=stats,
-                  step_time_ratio_survivors_over_restart=overhead, runs=runs)
+                  step_time_ratio_survivors_over_restart=overhead,
+                  samples_per_s_ratio_survivors_over_restart=throughput, runs=runs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -389,5 +389,5 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
     elif not smaller and (checkpoint_due or preempted or agreed.stop_signum):
         w.session.save_and_report(state.step, message, lambda path: save_checkpoint(w, state, path))
     else:
-        w.session.report(message)
+        w.session.report(message, whole=not smaller)
     return agreed

@@ -214,13 +214,15 @@ class RaySession:
             n += 1
         return candidate
 
-    def report(self, report: WorkerReport) -> None:
+    def report(self, report: WorkerReport, *, whole: bool = True) -> None:
         """Records to the sink. Through Ray Train too for a sweep trial, and at a worker group's first report:
         Train's guard actors start there (raydl.driver.late_start), which a run that checkpoints every 100 steps
-        would otherwise leave unguarded until its first checkpoint. Not on the survivors path: Ray's report is a
-        barrier of every worker, which a worker replaced before it would never reach."""
+        would otherwise leave unguarded until its first checkpoint, and would start mid-run, their imports taking
+        CPU from the steps. `whole`: every worker of the group is there to report (Ray's report is a barrier of
+        all of them; on the survivors path a worker lost before it would never reach it, nor would its
+        replacement, whose first report is no group start)."""
         self._send(report)
-        if self.tune_reports or (report.group_start and not self.survivors):
+        if self.tune_reports or (report.group_start and whole):
             self._train.report(report.to_dict() if self.tune_reports else report.registered_metrics())
 
     def announce(self, line: str) -> None:

@@ -7,14 +7,19 @@ a replacement in its place without stopping the others. Across the workers, a to
 quorum per step and reconfigures a gloo (NCCL on GPU) process group when the members change. raydl keeps its
 own guarantees on top of torchft's:
 
-  * the quorum comes first, synchronously (use_async_quorum=False), so a step knows who trains it before it
-    takes rows: its rows (raydl.data.order, a pure function of the data position) are split over the live
-    replicas and each accumulates global / (micro x live) micro-batches: the global batch stays the same at
-    every size, and every row of the epoch is still taken once (torchft's DistributedSampler and its dynamic
-    world size do neither);
-  * one all-reduce per step averages the flattened gradients and the loss over the live replicas; a step whose
+  * a quorum comes before the step that needs one, synchronously (use_async_quorum=False), so a step knows who
+    trains it before it takes rows: its rows (raydl.data.order, a pure function of the data position) are split
+    over the live replicas and each accumulates global / (micro x live) micro-batches: the global batch stays the
+    same at every size, and every row of the epoch is still taken once (torchft's DistributedSampler and its
+    dynamic world size do neither);
+  * a quorum is off the steady step: the members change only when one fails (its peers' all-reduce fails, and
+    they take a quorum before the next step) or a replacement asks to join (it waits in its quorum until the
+    others take theirs). So the others take one when a replica asks for it in the step's all-reduce, which it
+    does QUORUM_EVERY_S after its last: every replica reads the same sum, so all take it before the same step;
+  * one all-reduce per step sums the flattened gradients and the loss over the live replicas; a step whose
     all-reduce failed (a peer died in it) is not committed: the survivors discard it and take its rows again
-    after the next quorum. No other step is redone;
+    after the next quorum. No other step is redone. The commit vote is this replica's own (a replica group of one
+    worker: torchft's vote would be a round trip to its own manager server that carries nothing);
   * a replica behind the others (Ray's replacement) copies a live peer in its first quorum, over the same
     process group (torchft's PGTransport): model, optimizer, grad scaler, and raydl's step and data position.
     Storage is read only when no replica has trained yet (a start, or a restart of the whole group);
@@ -46,6 +51,7 @@ TIMEOUT = timedelta(seconds=30)         # collectives, peer copy, quorum: genero
 START_WAIT_S = 60.0                     # at a start, how long the first worker waits for the others
 TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits")   # INFO lines on every step
 HEARTBEATS_PER_TIMEOUT = 10             # a worker's heartbeats to the Lighthouse per scaling.survivor_timeout_s
+QUORUM_EVERY_S = 1.0                    # a steady group's quorum: how long a replacement waits for the others
 
 
 def enabled() -> bool:
@@ -85,6 +91,9 @@ class Survivors:
         self.healed: dict[str, Any] | None = None
         self.members: Members | None = None
         self._joined = False
+        self._quorum_due = True                # a failure, or a replica asked for one in the last all-reduce
+        self._last_quorum = time.monotonic()
+        self._flat: torch.Tensor | None = None  # the all-reduce's buffer, kept: a new one each step costs page faults
         self._planned: tuple[Members, DataPosition] | None = None   # what the current loader serves next
         self._loader: Any = None
         self._batches: Iterator | None = None
@@ -96,7 +105,7 @@ class Survivors:
             world_size=1, rank=0, replica_id=replica_id(replica), timeout=TIMEOUT, quorum_timeout=TIMEOUT,
             heartbeat_interval=timedelta(seconds=cfg.scaling.survivor_timeout_s / HEARTBEATS_PER_TIMEOUT),
             checkpoint_transport=PGTransport(self.pg, timeout=TIMEOUT, device=device))
-        self.manager._client = _QuorumMembers(self.manager._client)   # torchft keeps the quorum's ids to itself
+        self.manager._client = _ReplicaClient(self.manager._client)
 
     # -- what a peer sends and a newcomer loads (torchft calls these from its quorum)
     def _state_dict(self) -> dict[str, Any]:
@@ -130,11 +139,11 @@ class Survivors:
         self.manager.load_state_dict({"step": state["step"], "batches_committed": 0})
 
     def next_batch(self, state: dict[str, Any]):
-        """The step's quorum, then this replica's rows of it: (the state to go on from, which is a peer's if this
-        replica just copied one, and the batch). A change of members or position re-plans the rows."""
+        """The step's quorum if one is due, then this replica's rows of it: (the state to go on from, which is a
+        peer's if this replica just copied one, and the batch). A change of members or position re-plans the rows."""
         if self._joined:
             self._joined = False
-        else:
+        elif self._quorum_due:
             self._quorum(state)
         state = self._take_healed() or self.state
         position = DataPosition(**state["position"])
@@ -147,18 +156,21 @@ class Survivors:
 
     def average(self, stats: StepStats) -> StepStats | None:
         """Gradients and loss of the live replicas' whole batch, token-weighted, in one all-reduce: each replica
-        computed its mean over its own targets; weighted back by its count (the sum), averaged, and divided by the
-        averaged count, the result is the sum over every target of the step over their number (FINETUNE_NOTES).
+        computed its mean over its own targets; weighed back by its count (the sum), summed, and divided by the
+        summed count, the result is the sum over every target of the step over their number (FINETUNE_NOTES).
+        The same all-reduce says whether a replica wants a quorum before the next step.
         None: the step is discarded (a peer failed during it); its rows are taken again after the next quorum."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        flat = weighed(params, stats)
-        self.manager.allreduce(flat).wait()
+        wanted = time.monotonic() - self._last_quorum >= QUORUM_EVERY_S
+        flat = self._flat = weighed(params, stats, quorum_wanted=wanted, out=self._flat)
+        self.manager.allreduce(flat, reduce_op=_sum_op()).wait()
         if not self.manager.should_commit():
-            self._planned = None
+            self._quorum_due, self._planned = True, None
             self._record.discarded()
             self.optimizer.zero_grad(set_to_none=True)
             return None
-        return replace(stats, loss=unweigh(params, flat))
+        loss, self._quorum_due = unweigh(params, flat)
+        return replace(stats, loss=loss)
 
     def committed(self, state: dict[str, Any]) -> None:
         """The step is done: `state` is what a newcomer copies from now on."""
@@ -179,6 +191,7 @@ class Survivors:
         self.manager.allreduce(t, reduce_op=_sum_op()).wait()
         if self.manager.errored():
             t.copy_(local)
+            self._quorum_due = True
 
     @property
     def leads(self) -> bool:
@@ -201,6 +214,7 @@ class Survivors:
     def _quorum(self, state: dict[str, Any]) -> None:
         self.state = state
         self.manager.start_quorum()   # synchronous: reconfigures the group and copies a peer if behind
+        self._last_quorum, self._quorum_due = time.monotonic(), False
         rank, size = self.manager.participating_rank(), self.manager.num_participants()
         self.members = Members(rank, size, frozenset(self.manager._client.ranks))
 
@@ -269,9 +283,10 @@ def _step_index(position: DataPosition, steps_per_epoch: int, global_batch: int)
     return position.epoch * steps_per_epoch + position.offset // global_batch
 
 
-class _QuorumMembers:
-    """torchft's ManagerClient, keeping the worker ranks of the last quorum's members (their replica ids end in the
-    rank: `replica_id`), which torchft's Manager reads and drops."""
+class _ReplicaClient:
+    """torchft's ManagerClient of a replica group of one worker: it keeps the worker ranks of the last quorum's
+    members (their replica ids end in the rank: `replica_id`), which torchft's Manager reads and drops, and answers
+    the commit vote itself (torchft's would be a barrier of this one worker, through its manager server)."""
 
     def __init__(self, client):
         self.client, self.ranks = client, ()
@@ -283,29 +298,42 @@ class _QuorumMembers:
         self.ranks = tuple(extract_trailing_digits(member.split(":")[0]) for member in quorum.replica_ids)
         return quorum
 
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+        return should_commit
+
     def __getattr__(self, name: str):
         return getattr(self.client, name)
 
 
-def weighed(params: list[torch.nn.Parameter], stats: StepStats) -> torch.Tensor:
-    """What a replica sends to the average: its gradients and loss (means over its own targets) times its count of
-    targets, then that count."""
+def weighed(params: list[torch.nn.Parameter], stats: StepStats, *, quorum_wanted: bool = False,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """What a replica sends to the sum: its gradients and loss (means over its own targets) times its count of
+    targets, that count, and 1 if it wants a quorum before the next step. Into `out` when it has the size."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     device, dtype = params[0].device, params[0].grad.dtype
     count = torch.as_tensor(stats.count, dtype=dtype, device=device).reshape(1)
-    flat = torch.cat([*(p.grad.reshape(-1) for p in params),
-                      torch.as_tensor(stats.loss, dtype=dtype, device=device).reshape(1)])
-    return torch.cat([flat.mul_(count.clamp(min=1)), count])
+    tail = torch.stack([torch.as_tensor(stats.loss, dtype=dtype, device=device).reshape(()),
+                        torch.ones((), dtype=dtype, device=device),
+                        torch.full((), float(quorum_wanted), dtype=dtype, device=device)])
+    parts = [*(p.grad.reshape(-1) for p in params), tail]
+    size = sum(part.numel() for part in parts)
+    if out is None or out.numel() != size or out.dtype != dtype or out.device != device:
+        out = torch.empty(size, dtype=dtype, device=device)
+    torch.cat(parts, out=out)
+    out[:-1].mul_(count.clamp(min=1))
+    return out
 
 
-def unweigh(params: list[torch.nn.Parameter], averaged: torch.Tensor) -> torch.Tensor:
-    """The replicas' average of `weighed` over their average count: gradients into `params`, the loss returned."""
-    flat = averaged[:-1] / averaged[-1:].clamp(min=torch.finfo(averaged.dtype).tiny)   # no targets: all zero
-    for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
+def unweigh(params: list[torch.nn.Parameter], summed: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The replicas' sum of `weighed`, divided by their summed count: gradients into `params`; returns the loss and
+    whether a replica wants a quorum before the next step."""
+    count = summed[-2].clone().clamp(min=torch.finfo(summed.dtype).tiny)   # no targets: all zero
+    summed[:-2].div_(count)
+    for p, g in zip(params, summed[:-3].split([p.numel() for p in params])):
         p.grad.copy_(g.view_as(p.grad))
-    return flat[-1].clone()   # a view would keep the gradients' copy until the report reads the loss
+    return summed[-3].clone(), bool(summed[-1] > 0)   # a view would keep the buffer until the report reads the loss
 
 
 def _without_flight_recorder_warning(record: logging.LogRecord) -> bool:

@@ -37,7 +37,8 @@ def test_summary_cost_is_the_records_priced_from_the_table(ray_session, data_cac
             "telemetry.report_every=5", "checkpoint.every_steps=10", "data.builtin_samples=4096",
             "train.eval_batches=2", "telemetry.progress=false", f"scaling.cpus_per_worker={CPUS_PER_WORKER}",
             "scaling.min_workers=1", "scaling.max_workers=2", f"debug.ledger_dir={tmp_path / 'ledger'}",
-            "debug.fail_at_step=15", "cost.instance_type=m5.2xlarge"]   # a CPU run is priced on a named machine
+            "debug.fail_at_step=15", "cost.instance_type=m5.2xlarge",   # a CPU run is priced on a named machine
+            "scaling.survivors=off"]   # a restart of the whole group, priced in its own row
     (tmp_path / "ledger").mkdir()
     summary = run_training(load_config(None, sets))
     lines = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]

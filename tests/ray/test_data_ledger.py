@@ -87,7 +87,8 @@ def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_pa
 
     # The debug section travels to the Ray workers inside the job's config, like every other field.
     summary = raydl_train(data, tmp_path / "run-failure", 2, STEPS, f"debug.ledger_dir={failure}",
-                          "debug.fail_at_step=13", "checkpoint.memory_every_steps=0")   # resumes from storage
+                          "debug.fail_at_step=13", "checkpoint.memory_every_steps=0",   # resumes from storage
+                          "scaling.survivors=off")   # the whole group restarts (the survivors': test_survivors.py)
     [restart] = summary["restarts"]
     assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
     assert summary["steps"] == STEPS

@@ -38,7 +38,8 @@ def overrides(data_cache, *extra: str, layout=PP2) -> list[str]:
     return [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.global_batch_size={GB}",
             f"train.max_steps={STEPS}", "telemetry.report_every=1", "train.eval_batches=2",
             "telemetry.progress=false", "scaling.min_workers=2", "scaling.max_workers=2", "scaling.max_failures=2",
-            "checkpoint.memory_every_steps=1", *layout, *extra]
+            "checkpoint.memory_every_steps=1", *layout, *extra,
+            "scaling.survivors=off"]   # ddp_dp2 too: a restart of the whole group (the survivors': test_survivors.py)
 
 
 @pytest.fixture(scope="module")

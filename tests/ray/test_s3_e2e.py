@@ -58,7 +58,8 @@ def test_prepare_train_kill_resume_export_report_all_on_s3(s3_bucket, tmp_path):
     assert p.returncode == 0, p.stderr
     common = ["model.name=gpt", f"data.path={data}", f"checkpoint.storage_path={ckpts}", f"run.runs_dir={runs}",
               "train.global_batch_size=16", "train.micro_batch_size=8", "train.eval_batches=1",
-              "checkpoint.every_steps=10", "telemetry.report_every=10", "telemetry.progress=false"]
+              "checkpoint.every_steps=10", "telemetry.report_every=10", "telemetry.progress=false",
+              "scaling.survivors=off"]   # the kill restarts the group, which resumes from the bucket
 
     train = subprocess.Popen([RAYDL, "-q", "train", *sets(*common, f"train.max_steps={STEPS}")], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -119,7 +120,8 @@ def test_exactly_once_with_data_and_checkpoints_in_the_bucket(s3_bucket, tmp_pat
         f"run.runs_dir={tmp_path / 'runs'}", "scaling.max_failures=1", "train.max_steps=32",
         "train.global_batch_size=64", "train.micro_batch_size=32", "train.eval_batches=1", "checkpoint.every_steps=5",
         "telemetry.report_every=5", "telemetry.progress=false", f"debug.ledger_dir={ledger}", "debug.fail_at_step=13",
-        "checkpoint.memory_every_steps=0"))   # the restart reads the checkpoint from the bucket, not the state holder
+        "checkpoint.memory_every_steps=0",   # the restart reads the checkpoint from the bucket, not the state holder
+        "scaling.survivors=off"))
     assert p.returncode == 0, p.stderr[-4000:]
     [restart] = json.loads(p.stdout)["restarts"]
     # From a checkpoint in the bucket: step 10's, or step 5's where Train's controller had not yet registered step 10's

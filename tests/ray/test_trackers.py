@@ -49,7 +49,8 @@ def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard(ray_session, mlflow_se
     sets = [*tiny_overrides, "telemetry.report_every=2", "train.eval_every=10", "telemetry.tensorboard=true",
             f"telemetry.mlflow.tracking_uri={mlflow_server.uri}", "telemetry.mlflow.experiment=train",
             "telemetry.wandb.project=raydl-test", "telemetry.wandb.mode=offline",
-            f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15", "checkpoint.memory_every_steps=0"]
+            f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15", "checkpoint.memory_every_steps=0",
+            "scaling.survivors=off"]   # a restart of the whole group, tagged and logged as one
     assert main(["train", *(arg for s in sets for arg in ("--set", s))]) == 0
     out, err = capsys.readouterr()
     [run_dir] = (tmp_path / "runs").iterdir()
