@@ -217,14 +217,14 @@ class ScalingSection:
                                      "0 = the GPU's memory, or on CPU this node's RAM / the workers on it.")
     fit_timeout_s: float = _f(600.0, "Seconds to wait, on a cluster given by --address (which may autoscale), until "
                               "min_workers workers fit before failing with the numbers; a local Ray fails at once.")
-    survivors: str = _f("off", "When a worker dies, the others keep training and a replacement copies a live peer "
-                        "(torchft, the `ft` extra; data-parallel layouts only): auto (when torchft is installed and "
-                        "the layout allows it), on (required), off (every failure restarts the whole group). A worker "
-                        "whose node is lost too: the others train on at the smaller size and its replacement waits "
-                        "for a node to be placed on, also in an elastic run (min_workers < max_workers), which "
-                        "otherwise restarts smaller; only a failure of every worker restarts the group. Off by "
-                        "default until its per-step cost is settled: on the default run (2 CPU workers) 3 rounds gave "
-                        "0.68, 1.05 and 1.22 of the off path's throughput (docs/recovery.md).",
+    survivors: str = _f("auto", "When a worker dies, the others keep training and a replacement copies a live peer "
+                        "(torchft; data-parallel layouts with DDP, two workers or more): auto (wherever the layout "
+                        "allows it, else full restarts), on (required: a layout that cannot is refused), off (every "
+                        "failure restarts the whole group from its last checkpoint). A worker whose node is lost "
+                        "too: the others train on at the smaller size and its replacement waits for a node to be "
+                        "placed on, also in an elastic run (min_workers < max_workers), which otherwise restarts "
+                        "smaller; only a failure of every worker restarts the group. Its steady cost against off: "
+                        "benchmarks/README.md#recovery-overhead.",
                         choices=("auto", "on", "off"))
     survivor_timeout_s: float = _f(1.0, "Seconds without a heartbeat from a worker before the survivors go on "
                                    "without it (torchft Lighthouse heartbeat timeout; scaling.survivors).")

@@ -227,8 +227,9 @@ def start_state_holder(run: PreparedRun):
 
 def survivors_backend(cfg: JobConfig):
     """Ray Train's torchft backend (raydl.driver.survivors_backend): one replica group per worker, so that Ray
-    replaces a dead worker alone while the others go on (raydl.train.survivors). The Lighthouse forms each
-    step's quorum once every member of the last one asked for it. A dead worker is noticed by its heartbeats
+    replaces a dead worker alone while the others go on (raydl.train.survivors). The Lighthouse forms a
+    quorum once every member of the last one asked for it (raydl.train.survivors: after a failure, or when a
+    replica asks for one). A dead worker is noticed by its heartbeats
     stopping: after scaling.survivor_timeout_s (each worker's torchft Manager sends one every tenth of it, from a
     thread of its own, so a busy machine would have to hold ten back), the survivors go on without it. A live
     worker that is late (a busy machine, the leader writing a checkpoint alone) is waited for as long as the

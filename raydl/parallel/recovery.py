@@ -67,5 +67,5 @@ def _blocker(cfg: JobConfig, *, torchft: bool) -> str | None:
             return (f"train.global_batch_size={t.global_batch_size} does not split over {live} worker(s); "
                     f"make it a multiple of every size from 1 to scaling.max_workers")
     if not torchft:
-        return "torchft is not installed (pip install 'raydl[ft]')"
+        return "torchft is not installed (pip install torchft==0.2.0, a dependency of raydl)"
     return None

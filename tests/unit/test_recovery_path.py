@@ -10,12 +10,13 @@ from raydl.parallel.recovery import choose
 
 
 def path(*sets: str, torchft: bool = True):
-    """The path scaling.survivors=auto (opt-in: the default is off) takes, or that `sets` give."""
+    """The path scaling.survivors=auto (the default) takes, or that `sets` give."""
     return choose(load_config(None, ["scaling.survivors=auto", *sets]), torchft=torchft)
 
 
 def test_data_parallel_runs_keep_their_survivors():
     assert path().survivors
+    assert choose(load_config(None, []), torchft=True).survivors   # the default run, as `raydl train` starts it
     assert path("parallel.dp_wrapper=ddp", "scaling.min_workers=1", "scaling.max_workers=4",
                 "train.global_batch_size=96").survivors   # 96 rows split over 1, 2, 3 or 4 workers
 
@@ -36,7 +37,7 @@ def test_other_layouts_restart_the_whole_group_and_say_why(sets, reason):
 
 
 def test_without_torchft_auto_falls_back_and_on_is_a_config_error():
-    assert "pip install 'raydl[ft]'" in path(torchft=False).why
+    assert "pip install torchft==0.2.0" in path(torchft=False).why
     with pytest.raises(ConfigError, match="scaling.survivors") as e:
         path("scaling.survivors=on", "parallel.pp_degree=2")
     assert "pipelines restart whole" in str(e.value)
