@@ -324,7 +324,8 @@ class TorchrunSession:
         _barrier()
         shutil.rmtree(local, ignore_errors=True)
 
-    def report(self, report: WorkerReport, checkpoint: str | None = None) -> None:
+    def report(self, report: WorkerReport, checkpoint: str | None = None, *, whole: bool = True) -> None:
+        """Records to metrics.jsonl (`whole`, whether every worker reports, matters only to Ray's report)."""
         if self.writer:
             self.writer.write(report, world_size=self.world_size, checkpoint=checkpoint)
 

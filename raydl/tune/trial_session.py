@@ -46,10 +46,10 @@ class InTrialSession(TorchrunSession):
         # A lone worker saves its checkpoint without a process group by design; torch warns at every save.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
-    def report(self, worker_report: WorkerReport, checkpoint: str | None = None) -> None:
+    def report(self, worker_report: WorkerReport, checkpoint: str | None = None, *, whole: bool = True) -> None:
         from ray import tune
 
-        super().report(worker_report, checkpoint)
+        super().report(worker_report, checkpoint, whole=whole)
         tune.report(self.metrics.update(worker_report))
 
 

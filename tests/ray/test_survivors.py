@@ -41,7 +41,7 @@ def cluster():
 
 
 def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, data_cache, tmp_path):
-    """A process burning a core runs beside the run until the kill: no worker is declared lost before it (the
+    """The default run (scaling.survivors=auto, not set here) keeps its survivor. A process burning a core runs beside the run until the kill: no worker is declared lost before it (the
     Lighthouse's timeouts: raydl.driver.ray_trainer.survivors_backend). The loss and the join are on the run's
     record: a console line naming the killed worker and what happens now, summary.json's `members` and the step
     records of metrics.jsonl, with the stall, the steps redone and the samples lost or repeated (the ledger's)."""
@@ -50,7 +50,7 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
     cluster.resize(1)
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={STEPS}",
                  f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
-                 "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2"]
+                 "telemetry.progress=false", "scaling.max_failures=2"]   # the survivors path by default
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     run = ledger_run(tmp_path, overrides, cluster.address).start()
     try:
