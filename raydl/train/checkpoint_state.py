@@ -53,6 +53,9 @@ def state_problem(state: Any) -> str | None:
     if state["samples"] < max(state["step"], state["position"]["offset"]):
         return (f"field 'samples' is {state['samples']}, fewer than its step ({state['step']}) or data offset "
                 f"({state['position']['offset']})")
-    if state["layout"]["world_size"] != state["saved_by_ranks"]:
-        return f"field 'saved_by_ranks' is {state['saved_by_ranks']} but its layout has {state['layout']['world_size']} ranks"
+    # Every rank saves its part, but on the survivors path (dp_wrapper torchft), where one replica saves the whole.
+    savers = 1 if state["layout"].get("dp_wrapper") == "torchft" else state["layout"]["world_size"]
+    if state["saved_by_ranks"] != savers:
+        return (f"field 'saved_by_ranks' is {state['saved_by_ranks']} but its layout has {savers} saving "
+                f"rank{'s' if savers > 1 else ''}")
     return None

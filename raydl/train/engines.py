@@ -219,7 +219,7 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
     """`meta`: the dataset's, for the planner's example inputs under pp_degree=auto. `init`: the model is on
     meta; each rank allocates and initializes only what it keeps, once the layout is applied. `survivors`: every
     worker is a replica group of its own (raydl.train.survivors): no mesh and no torch wrapper; torchft's
-    Manager averages the gradients over the live workers."""
+    Manager sums the gradients over the live workers."""
     lora = lora_settings(cfg.train.lora)
     if lora:   # before everything: every later wrapper sees the adapters, and the planner their trainable size
         targets = apply_lora(model, settings=lora)
@@ -231,8 +231,8 @@ def build_engine(model: BlockModel, cfg: JobConfig, spec: ModelSpec, session, me
                      f"parameters ({trained / total:.2%} of {total:,}); the rest frozen")
     layout = choose_layout(model, cfg, spec, session, meta, init)
     if survivors:
-        layout = dataclasses.replace(layout, dp_wrapper="torchft", dp_wrapper_reason="gradients averaged over the "
-                                     "live workers by torchft's Manager, one all-reduce per step")
+        layout = dataclasses.replace(layout, dp_wrapper="torchft", dp_wrapper_reason="one all-reduce per step over "
+                                     f"the live workers; {layout.dp_wrapper_reason}")
     mesh = build_mesh(layout, session.device.type) if session.world_size > 1 and not survivors else None
     if cfg.train.precision == "fp8":
         check_device(session.device)

@@ -34,7 +34,9 @@ def test_default_run_console_is_quiet(data_cache, tmp_path):
     others = [line for line in lines if line not in raydl_lines and line not in summary_lines]
     assert not any("PlacementGroupCleaner" in line or "PreemptionWatcher" in line for line in lines), out
     assert all(line.startswith("[raydl] ") for line in raydl_lines), raydl_lines   # no Ray prefix, no colour code
-    assert sum("2 workers: data-parallel × 2 (DDP: " in line and ", from step 0, " in line for line in lines) == 1, out
+    assert sum("2 workers: data-parallel × 2 (torchft: " in line and ", from step 0, " in line   # survivors by default
+               and line.endswith("a worker that dies: the others go on, its replacement copies a live peer (torchft)")
+               for line in lines) == 1, out
     assert sum("[raydl] step " in line for line in lines) == 3 and summary_lines, out
     assert not others and not not_raydls(out), "\n".join(others)   # whole lines: pytest cuts a list's repr
     assert_startup_phases_in_order(json.loads("\n".join(summary_lines))["startup"])

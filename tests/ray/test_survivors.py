@@ -25,12 +25,16 @@ from raydl.data.dataset import resolve_path
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.data.ledger_read import committed_ids, epoch_ids, steps_redone
-from tests.ray.fault_harness import ledger, ledger_run
+from tests.ray.fault_harness import ledger, ledger_run, reference_run
 
 pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow, pytest.mark.alone]   # pyproject's timeout: 480 steps through two node losses
 
 STEPS, EVERY = 240, 100   # 4 epochs; a full restart would redo up to 99 steps
+# Up to this step the survivors' losses stay within 1e-3 of the fault-free run's (measured: within 3e-5, the first
+# ~85 steps after a kill at 31 at one worker); later, float-level differences of the sums' order grow with the
+# training as on any change of layout (1e-3 by step ~150, 1e-2 by ~170 in that run).
+SAME_LOSS_UNTIL = 130
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +97,12 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
     assert (f"worker {lost['rank']} (pid {victim}) on node {lost['node']} died: {PROCESS_ENDED}; the other worker "
             f"goes on; a replacement is starting") in console, console
     assert f"worker {lost['rank']} joined the others at step" in console, console
+    # Every step takes the same rows as the fault-free run's (one worker or two), so its loss is the same but for
+    # the order of the sums: the step redone, the steps at one worker and those after the join.
+    want = reference_run(tmp_path / "reference", overrides)["losses"]
+    losses = {r["step"]: r["loss"] for r in run.records()}   # a step redone: its last record
+    assert all(losses[s] == pytest.approx(want[s], abs=1e-3) for s in range(1, SAME_LOSS_UNTIL + 1)), \
+        [(s, losses[s], want[s]) for s in range(1, SAME_LOSS_UNTIL + 1) if abs(losses[s] - want[s]) > 1e-3]
 
 
 def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(cluster, data_cache, tmp_path):

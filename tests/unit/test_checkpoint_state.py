@@ -45,6 +45,10 @@ EDITS = {
     "not an object": (None, "is list, not a JSON object"),
     "fewer samples than steps": (set_field("samples", 5), "field 'samples' is 5, fewer than its step (20)"),
     "ranks beyond the layout": (set_field("saved_by_ranks", 2), "field 'saved_by_ranks' is 2 but its layout has 1"),
+    "the survivors path saved by two": (   # there one replica saves the whole state
+        lambda state: state.update(saved_by_ranks=2, layout={**state["layout"], "world_size": 2,
+                                                             "dp_wrapper": "torchft"}),
+        "field 'saved_by_ranks' is 2 but its layout has 1 saving rank"),
     "ranks whose manifests are missing": (
         lambda state: state.update(saved_by_ranks=2, layout={**state["layout"], "world_size": 2}),
         "missing files-rank1.json"),
@@ -125,3 +129,11 @@ def test_valid_state_is_returned_as_saved(run):
     assert ckpt.verify(path) is None
     state = ckpt.read_state(path)
     assert (state["step"], state["samples"], state["position"]) == (20, 160, {"epoch": 0, "offset": 160})
+
+
+def test_a_survivors_checkpoint_of_two_workers_saved_by_its_leader_resumes(run):
+    """On the survivors path (dp_wrapper torchft) the leading replica saves the whole checkpoint of 2 workers."""
+    run_dir, _, new = run
+    edit_state(new, lambda state: state.update(layout={**state["layout"], "world_size": 2, "dp": 2,
+                                                       "dp_wrapper": "torchft"}))
+    assert ckpt.verify(new) is None and ckpt.resolve_resume(str(run_dir)) == new.resolve()
