@@ -358,7 +358,7 @@ def report(w: Worker, state: TrainerState, has_loss: bool, *, checkpoint_due: bo
     group_start = records[0].step == w.clock.first_step
     if group_start:
         records[0].startup = startup.worker_group_marks(w.marks, records[0], w.session.device,
-                                                        w.session.controller_start() if w.session.rank == 0 else None)
+                                                        w.session.controller_start() if w.leads else None)
     # On the survivors path each step's loss is already the mean over its replicas (its all-reduce), and a
     # replica that joined since the last report holds fewer records: only the signals are agreed on.
     losses = [r.loss for r in records]
