@@ -36,10 +36,10 @@ log = logging.getLogger("raydl")
 RAY_LOG = "ray.log"   # beside workers.log in the run directory (a sweep: in the sweep directory)
 HANDLER = "ray_print_logs"   # the name ray.init registers Ray's printing under (ray._private.worker.connect)
 _LEVELS = {"[raydl] warning: ": logging.WARNING, "[raydl] error: ": logging.ERROR, "[raydl] ": logging.INFO}
-# The actors a run starts (Ray Train's, torchft's Lighthouse for the survivors path, raydl's), as Ray names them in a
+# The actors a run starts (Ray Train's, raydl's), as Ray names them in a
 # forwarded line's prefix.
 RUN_ACTORS = frozenset({"TrainController", "RayTrainWorker", "PlacementGroupCleaner", "PreemptionWatcher",
-                        "SynchronizationActor", "LighthouseServerActor", "MetricsSink", "StopRequest"})
+                        "SynchronizationActor", "MetricsSink", "StopRequest"})
 
 
 def raydl_line(line: str) -> tuple[int, str] | None:

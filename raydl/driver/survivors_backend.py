@@ -1,27 +1,29 @@
-"""Ray Train 2.60's torchft backend (`ray.train.v2.torch.torchft_config`), with its Lighthouse actor taking no CPU.
+"""Ray Train 2.60's torchft backend (`ray.train.v2.torch.torchft_config`), with torchft's Lighthouse served from
+Train's controller process instead of an actor of its own.
 
 Declaring replica groups (`has_replica_groups`) is what makes Train's controller replace a failed worker alone
 (`WorkerGroup.replace_replica_group`) instead of restarting the group; each worker is a replica group of one.
-Ray's backend starts torchft's Lighthouse as an actor pinned to the controller's node with Ray's default of one
-CPU to place an actor: on a node whose CPUs the workers hold (raydl's fault cluster: a 1-CPU head) it is never
-placed and the group never starts. It is a small gRPC server that sleeps between quorums: zero CPUs here.
+Ray's backend starts the Lighthouse as an actor: a new Python process importing ray.train and torchft (~2 CPU-s)
+at the very time the workers start and import torch, which on a 2-core machine put 2-3 s on the run's first step,
+and with Ray's default of one CPU, one a node whose CPUs the workers hold never has. The Lighthouse is a small
+gRPC server in Rust threads of its own that sleep between quorums: the controller, which lives as long as the
+run and runs on the driver's node as Ray's actor would, serves it (`on_start` runs there), and it goes with it.
 """
 
 from __future__ import annotations
 
-import ray
-from ray.train.v2.torch.torchft_config import LighthouseServerActor, TorchftConfig, _TorchftBackend
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.train.v2.torch.torchft_config import TorchftConfig, _TorchftBackend
 
 
 class _RaydlTorchftBackend(_TorchftBackend):
+    lighthouse = None   # torchft.coordination.LighthouseServer, once the first worker group starts
+
     def _maybe_create_lighthouse_actor(self, backend_config: TorchftConfig) -> str:
-        if self.lighthouse_actor is None:
-            node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-            kwargs = {"bind": "[::]:0", **backend_config.lighthouse_kwargs}
-            self.lighthouse_actor = LighthouseServerActor.options(num_cpus=0, scheduling_strategy=node).remote(
-                lighthouse_kwargs=kwargs)
-        return super()._maybe_create_lighthouse_actor(backend_config)   # its address, once it answers
+        if self.lighthouse is None:
+            from torchft.coordination import LighthouseServer
+
+            self.lighthouse = LighthouseServer(**{"bind": "[::]:0", **backend_config.lighthouse_kwargs})
+        return self.lighthouse.address()
 
 
 class RaydlTorchftConfig(TorchftConfig):
