@@ -53,9 +53,14 @@ def state_problem(state: Any) -> str | None:
     if state["samples"] < max(state["step"], state["position"]["offset"]):
         return (f"field 'samples' is {state['samples']}, fewer than its step ({state['step']}) or data offset "
                 f"({state['position']['offset']})")
-    # Every rank saves its part, but on the survivors path (dp_wrapper torchft), where one replica saves the whole.
-    savers = 1 if state["layout"].get("dp_wrapper") == "torchft" else state["layout"]["world_size"]
+    savers = saving_ranks(state["layout"])
     if state["saved_by_ranks"] != savers:
         return (f"field 'saved_by_ranks' is {state['saved_by_ranks']} but its layout has {savers} saving "
                 f"rank{'s' if savers > 1 else ''}")
     return None
+
+
+def saving_ranks(layout: dict[str, Any]) -> int:
+    """The ranks that write a checkpoint of `layout` (a Layout.to_dict()): every rank its part, but on the survivors
+    path (dp_wrapper torchft), where every replica holds the whole state and one writes it."""
+    return 1 if layout.get("dp_wrapper") == "torchft" else layout["world_size"]

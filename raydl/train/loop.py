@@ -46,6 +46,7 @@ from raydl.telemetry.records import FinalInfo, WorkerReport
 from raydl.telemetry.memory_marks import MemoryMarks
 from raydl.telemetry.step_clock import StepClock, peak_flops
 from raydl.train import checkpoint as ckpt
+from raydl.train.checkpoint_state import saving_ranks
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
 from raydl.train.host_memory import cap_growth, return_large_blocks, threshold_for
@@ -341,10 +342,9 @@ def evaluate(w: Worker) -> dict[str, float]:
 def save_checkpoint(w: Worker, state: TrainerState, path: str) -> None:
     if w.survivors and not w.leads:
         return   # replicas hold the same state: the leader writes the whole checkpoint (its torch group is itself)
-    extra = {"model": w.fingerprint, "layout": w.engine.layout.to_dict(),
-             "scaler": w.scaler.state_dict() if w.scaler else None,
-             "lr": lr_at(state.step, w.cfg.train, w.total_steps),
-             "saved_by_ranks": 1 if w.survivors else w.session.world_size}
+    layout = w.engine.layout.to_dict()
+    extra = {"model": w.fingerprint, "layout": layout, "scaler": w.scaler.state_dict() if w.scaler else None,
+             "lr": lr_at(state.step, w.cfg.train, w.total_steps), "saved_by_ranks": saving_ranks(layout)}
     ckpt.save(path, w.engine.model, w.optimizer, {**state.to_dict(), **extra},
               rank=0 if w.survivors else w.session.rank)   # the leader's torch group is itself: it is rank 0 there
     w.last_checkpoint_step = state.step

@@ -1,10 +1,11 @@
 """The survivors path of a data-parallel run under Ray: a worker that dies is replaced while the others keep
-training, through torchft 0.2.0 (pyproject's `ft` extra) and Ray Train's replica groups.
+training, through torchft 0.2.0 and Ray Train's replica groups.
 
 The driver gives Ray Train a `TorchftConfig` (raydl.driver.ray_trainer): each worker is a replica group of its
-own (its torch process group has world size 1), Ray starts torchft's Lighthouse and, when a worker dies, starts
-a replacement in its place without stopping the others. Across the workers, a torchft `Manager` here runs one
-quorum per step and reconfigures a gloo (NCCL on GPU) process group when the members change. raydl keeps its
+own (its torch process group has world size 1), Train's controller serves torchft's Lighthouse
+(raydl.driver.survivors_backend) and, when a worker dies, Ray starts a replacement in its place without stopping
+the others. Across the workers, a torchft `Manager` here runs the quorums and reconfigures a gloo (NCCL on GPU)
+process group when the members change. raydl keeps its
 own guarantees on top of torchft's:
 
   * a quorum comes before the step that needs one, synchronously (use_async_quorum=False), so a step knows who
