@@ -280,9 +280,12 @@ WANDB_MODES = ("online", "offline")
 class DebugSection:
     """Test hooks of the data loader (raydl.data.ledger); off by default, and then they cost nothing."""
     ledger_dir: str = _f("", "Write the sample ids each rank hands to training to <dir>/ledger-<pid>-dp<rank>.jsonl, "
-                         "for exactly-once tests; empty = off. A directory every worker can write (local runs).")
+                         "for exactly-once tests; empty = off. A directory every worker can write (local runs); made if missing.")
     fail_at_step: int = _f(-1, "The first rank to reach this global step raises, once per debug.ledger_dir (a "
                            "marker file there), to test restarts; -1 = off.")
+    peer_copy_hold_s: float = _f(0.0, "On the survivors path, a worker sending its state to a replacement that "
+                                 "catches up first writes <debug.ledger_dir>/peer-copy-<pid> and waits this many "
+                                 "seconds: a window in which a test kills a worker during the copy; 0 = off.")
     memory_dir: str = _f("", "Write each rank's peak memory (RSS on CPU, max allocated on GPU) after its model is "
                          "built and loaded, and at the end, to <dir>/memory-rank<r>.json (raydl bench memory); "
                          "empty = off.")
@@ -298,6 +301,11 @@ class DebugSection:
             raise ConfigError("debug.fail_at_step", f"is {self.fail_at_step}", "use -1 (off) or a step >= 1")
         if self.memory_limit_mb < 0:
             raise ConfigError("debug.memory_limit_mb", f"is {self.memory_limit_mb}", "use 0 (off) or a size in MiB")
+        if self.peer_copy_hold_s < 0:
+            raise ConfigError("debug.peer_copy_hold_s", f"is {self.peer_copy_hold_s}", "use 0 (off) or seconds > 0")
+        if self.peer_copy_hold_s and not self.ledger_dir:
+            raise ConfigError("debug.peer_copy_hold_s", "needs debug.ledger_dir, where the sender marks the copy",
+                              "set --set debug.ledger_dir=DIR as well")
         if self.fail_at_step != -1 and not self.ledger_dir:
             raise ConfigError("debug.fail_at_step", "needs debug.ledger_dir, where the failure marks that it "
                               "happened (it fires once)", "set --set debug.ledger_dir=DIR as well")

@@ -49,6 +49,7 @@ class LedgerFile:
                  global_batch: int):
         self.ledger, self.dp_rank = ledger, dp_rank
         self.steps_per_epoch, self.global_batch = steps_per_epoch, global_batch
+        os.makedirs(ledger.directory, exist_ok=True)
         self.path = self._unused_path(ledger.directory, f"ledger-{os.getpid()}-dp{dp_rank}")
         self._write({"start": start.to_dict(), "t": time.time(), "dp_rank": dp_rank, "dp_size": dp_size})
 

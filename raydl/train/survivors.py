@@ -36,6 +36,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -110,6 +111,8 @@ class Survivors:
 
     # -- what a peer sends and a newcomer loads (torchft calls these from its quorum)
     def _state_dict(self) -> dict[str, Any]:
+        if self.cfg.debug.peer_copy_hold_s:
+            _hold_peer_copy(self.cfg.debug.ledger_dir, self.cfg.debug.peer_copy_hold_s)
         return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None, "trainer": self.state}
 
@@ -128,7 +131,10 @@ class Survivors:
         up to START_WAIT_S: the first would otherwise train alone until the others have built their models."""
         deadline = time.monotonic() + START_WAIT_S
         self._quorum(state)
-        while self.healed is None and self.members.size < self.workers and time.monotonic() < deadline:
+        # Again after a failed quorum too: a copy cut off (its sender died) must not leave this worker to read
+        # storage while a live peer has trained further; the next quorum copies that peer, or finds none left.
+        while (self.manager.errored() or self.healed is None and self.members.size < self.workers) \
+                and time.monotonic() < deadline:
             time.sleep(0.1)   # polling the Lighthouse for the others, bounded by the deadline
             self._quorum(state)
         self._joined = True   # this quorum is also the first step's: the others are already in its all-reduce
@@ -335,6 +341,13 @@ def unweigh(params: list[torch.nn.Parameter], summed: torch.Tensor) -> tuple[tor
     for p, g in zip(params, summed[:-3].split([p.numel() for p in params])):
         p.grad.copy_(g.view_as(p.grad))
     return summed[-3].clone(), bool(summed[-1] > 0)   # a view would keep the buffer until the report reads the loss
+
+
+def _hold_peer_copy(ledger_dir: str, seconds: float) -> None:
+    """debug.peer_copy_hold_s: the copy marked in the ledger directory and held open, for a test to kill a worker
+    while a replacement catches up."""
+    Path(ledger_dir, f"peer-copy-{os.getpid()}").touch()
+    time.sleep(seconds)
 
 
 def _without_flight_recorder_warning(record: logging.LogRecord) -> bool:

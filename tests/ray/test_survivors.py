@@ -105,6 +105,42 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
         [(s, losses[s], want[s]) for s in range(1, SAME_LOSS_UNTIL + 1) if abs(losses[s] - want[s]) > 1e-3]
 
 
+def test_a_survivor_killed_while_its_replacement_copies_it_loses_and_repeats_no_sample(cluster, data_cache, tmp_path):
+    """A worker is killed, and then the survivor, the one worker with the run's state, is killed while the first
+    one's replacement copies it (debug.peer_copy_hold_s holds the copy open). With no live state left the
+    replacement goes on from the newest checkpoint (50 or 100, as far as the survivor got alone): the steps since
+    are redone, on the record as a restart, and every sample is still taken exactly once per epoch."""
+    cluster.resize(1)
+    steps, every = 150, 50
+    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={steps}",
+                 f"checkpoint.every_steps={every}", "telemetry.report_every=5", "train.eval_batches=2",
+                 "telemetry.progress=false", "scaling.max_failures=2", "debug.peer_copy_hold_s=5"]
+    run = ledger_run(tmp_path, overrides, cluster.address).start()
+    try:
+        run.wait_step(every + 5, deadline_s=600)
+        victim, survivor = run.workers(2)[::-1]
+        assert kill(victim)
+        copying = run.wait_for("the survivor's copy to the replacement",
+                               lambda: list(ledger(run).glob("peer-copy-*")), 120)
+        assert [p.name for p in copying] == [f"peer-copy-{survivor}"], copying
+        assert kill(survivor)
+        summary = run.finish(deadline_s=600)
+    finally:
+        run.stop()
+    print(f"[survivors] killed in the copy: members {summary['members']}, restarts {summary['restarts']}")
+    assert summary["steps"] == steps
+    # The one restart of the run: the survivor's death, from the newest checkpoint before it.
+    [restart] = summary["restarts"]
+    assert f"pid {survivor}" in restart["cause"] and restart["resumed_at_step"] in (every, 2 * every), restart
+    assert restart["resumed_at_step"] <= restart["step"], restart
+    cfg = load_config(None, overrides[:-1])   # the data's settings
+    ids, every_id = committed_ids(ledger(run)), epoch_ids(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)))
+    assert sorted(ids) == [0, 1, 2]   # 150 steps of 60 a epoch: the third epoch ends inside the run
+    for epoch in (0, 1):
+        assert sorted(ids[epoch]) == every_id, f"epoch {epoch}: {len(ids[epoch])} ids, {len(set(ids[epoch]))} distinct"
+    assert len(ids[2]) == len(set(ids[2])) == (steps - 120) * 64   # the last, unfinished epoch: none twice
+
+
 def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(cluster, data_cache, tmp_path):
     """An elastic run (1..2 workers) loses the node of one worker without notice: no group restart (Ray would
     restart smaller: raydl.driver.scaling_policy.SurvivorsElasticPolicy keeps the size, so Ray replaces the

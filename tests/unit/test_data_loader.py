@@ -130,8 +130,7 @@ def test_shard_with_another_schema_is_named(tmp_path):
 
 
 def test_ledger_hook_records_the_steps_and_fails_once(tmp_path):
-    path, ledger_dir = make_dataset(tmp_path), tmp_path / "ledger"
-    ledger_dir.mkdir()
+    path, ledger_dir = make_dataset(tmp_path), tmp_path / "ledger"   # made by the first loader
     cfg = load_config(None, [f"debug.ledger_dir={ledger_dir}", "debug.fail_at_step=3"])
     hook = Ledger.from_config(cfg.debug)
     loader = StepLoader(open_dataset(str(path)), global_batch=GB, dp_rank=0, dp_size=1, seed=0, shuffle=True,
@@ -148,12 +147,14 @@ def test_ledger_hook_records_the_steps_and_fails_once(tmp_path):
     assert Ledger.from_config(load_config(None, []).debug) is None     # debug off: the loader gets no hook
 
 
-@pytest.mark.parametrize("sets, problem", [
-    (["debug.fail_at_step=0"], "use -1 (off) or a step >= 1"),
-    (["debug.fail_at_step=5"], "needs debug.ledger_dir"),
+@pytest.mark.parametrize("sets, field, problem", [
+    (["debug.fail_at_step=0"], "fail_at_step", "use -1 (off) or a step >= 1"),
+    (["debug.fail_at_step=5"], "fail_at_step", "needs debug.ledger_dir"),
+    (["debug.peer_copy_hold_s=-1", "debug.ledger_dir=x"], "peer_copy_hold_s", "use 0 (off) or seconds > 0"),
+    (["debug.peer_copy_hold_s=5"], "peer_copy_hold_s", "needs debug.ledger_dir"),
 ])
-def test_debug_section_is_validated(sets, problem):
-    with pytest.raises(ConfigError, match=rf"config field 'debug.fail_at_step'.*{re.escape(problem)}"):
+def test_debug_section_is_validated(sets, field, problem):
+    with pytest.raises(ConfigError, match=rf"config field 'debug.{field}'.*{re.escape(problem)}"):
         load_config(None, sets)
 
 
