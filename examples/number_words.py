@@ -1,9 +1,11 @@
-"""Chat records of arithmetic in words, with held-out records drawn apart (no pair of numbers in both).
+"""Chat records of numbers written in words, answered in digits, with held-out numbers drawn apart.
 
-    python examples/arithmetic_words.py --out chat.jsonl --held-out held.jsonl --records 2000
+    python examples/number_words.py --out chat.jsonl --held-out held.jsonl --records 3000
 
-"What is seven plus five?" -> "twelve". A rule a model pre-trained on other text cannot know, so exact match on
-the held-out questions measures what fine-tuning taught (docs/finetune.md). Deterministic for a --seed.
+"What is three hundred forty-seven in digits?" -> "347". A rule a model pre-trained on other text cannot know,
+and one that a small model can learn from other numbers (each word stands for a digit in its place), so exact
+match on numbers no training record holds measures what fine-tuning taught (docs/finetune.md).
+Deterministic for a --seed.
 """
 
 from __future__ import annotations
@@ -18,41 +20,38 @@ TENS = {20: "twenty", 30: "thirty", 40: "forty", 50: "fifty", 60: "sixty", 70: "
 
 
 def words(n: int) -> str:
+    """0 <= n < 1000 in words: 'three hundred forty-seven'."""
+    hundreds, rest = divmod(n, 100)
+    if hundreds:
+        return f"{ONES[hundreds]} hundred" + (f" {words(rest)}" if rest else "")
     if n < 20:
         return ONES[n]
     tens, ones = divmod(n, 10)
     return TENS[tens * 10] + (f"-{ONES[ones]}" if ones else "")
 
 
-def record(a: int, b: int, op: str) -> dict:
-    answer = a + b if op == "plus" else a - b
-    return {"messages": [{"role": "user", "content": f"What is {words(a)} {op} {words(b)}?"},
-                         {"role": "assistant", "content": words(answer)}]}
-
-
-def pairs(limit: int) -> list[tuple[int, int, str]]:
-    """Every question whose operands and answer lie in 0..limit-1."""
-    return [(a, b, op) for a in range(limit) for b in range(limit) for op in ("plus", "minus")
-            if 0 <= (a + b if op == "plus" else a - b) < limit]
+def record(n: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"What is {words(n)} in digits?"},
+                         {"role": "assistant", "content": str(n)}]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="Training records (jsonl).")
-    p.add_argument("--held-out", required=True, help="Held-out records (jsonl), questions not in --out.")
-    p.add_argument("--records", type=int, default=2000, help="Training records (drawn with repetition).")
+    p.add_argument("--held-out", required=True, help="Held-out records (jsonl), numbers not in --out.")
+    p.add_argument("--records", type=int, default=3000, help="Training records (drawn with repetition).")
     p.add_argument("--held-out-records", type=int, default=100)
-    p.add_argument("--limit", type=int, default=100, help="Operands and answers below this number (<= 100).")
+    p.add_argument("--limit", type=int, default=1000, help="Numbers below this (<= 1000).")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = random.Random(args.seed)
-    questions = pairs(min(args.limit, 100))
-    rng.shuffle(questions)
-    held, train = questions[:args.held_out_records], questions[args.held_out_records:]
+    numbers = list(range(min(args.limit, 1000)))
+    rng.shuffle(numbers)
+    held, train = numbers[:args.held_out_records], numbers[args.held_out_records:]
     with open(args.out, "w") as f:
-        f.writelines(json.dumps(record(*rng.choice(train))) + "\n" for _ in range(args.records))
+        f.writelines(json.dumps(record(rng.choice(train))) + "\n" for _ in range(args.records))
     with open(args.held_out, "w") as f:
-        f.writelines(json.dumps(record(*q)) + "\n" for q in held)
+        f.writelines(json.dumps(record(n)) + "\n" for n in held)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
     make_tokenizer_dir(path)                   tokenizer.json + tokenizer_config.json (ChatML template)
     make_tokenizer_dir(path, template=None)    the same without a chat template
-    python -m tests.chat_tokenizer DIR         from the shell (docs/finetune.md)
+    make_tokenizer_dir(path, split_digits=True)  one token per digit, as Llama 2's and Qwen2's tokenizers split them
+    python -m tests.chat_tokenizer DIR [--split-digits]    from the shell (docs/finetune.md)
 
 A byte-level BPE trained on a little text by `tokenizers`, with the special tokens a chat model has:
 <|endoftext|> (pad, and the document separator of `raydl data prepare --from text`), <|im_start|> and
@@ -25,13 +26,17 @@ SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog. What is two plus th
 
 
 def make_tokenizer_dir(path: str | Path, *, texts: Iterable[str] = (SAMPLE_TEXT,), vocab_size: int = 400,
-                       template: str | None = CHATML) -> Path:
+                       template: str | None = CHATML, split_digits: bool = False) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Numbers as digits make a number's value learnable from other numbers (examples/number_words.py); merged,
+    # "347" would be a token the training records may never show.
+    tokenizer.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                               if split_digits else byte_level)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -48,4 +53,4 @@ def make_tokenizer_dir(path: str | Path, *, texts: Iterable[str] = (SAMPLE_TEXT,
 if __name__ == "__main__":
     import sys
 
-    print(make_tokenizer_dir(sys.argv[1]))
+    print(make_tokenizer_dir(sys.argv[1], split_digits="--split-digits" in sys.argv[2:]))

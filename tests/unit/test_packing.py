@@ -166,3 +166,15 @@ def test_pack_follows_overflow_and_refuses_input_without_records(tmp_path, tok_d
     assert cli(["data", "prepare", str(text), "--from", "jsonl", "--out", str(tmp_path / "t"), "--pack"]) == 2
     err = capsys.readouterr().err
     assert "--pack" in err and "Fix:" in err and "Traceback" not in err and not (tmp_path / "t").exists()
+
+
+def test_records_are_packed_unless_no_pack_is_given(tmp_path, tok_dir):
+    src = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "x", "response": "la"}] * 20)
+    common = ["data", "prepare", str(src), "--from", "jsonl", "--format", "prompt-response", "--tokenizer",
+              str(tok_dir), "--seq-len", "32", "--quiet"]
+    assert cli([*common, "--out", str(tmp_path / "default")]) == 0
+    assert cli([*common, "--no-pack", "--out", str(tmp_path / "one")]) == 0
+    default, one = (json.loads((tmp_path / d / "manifest.json").read_text())["records"] for d in ("default", "one"))
+    assert default["packed"] and default["rows"] < 20
+    assert not one["packed"] and one["rows"] == 20
+    assert default["target_tokens"] == one["target_tokens"]
