@@ -155,11 +155,13 @@ def main() -> None:
         run(fine_tune(variant, variant), log, f"fine-tune {variant}")
         after = score(work / variant)
         ran = json.loads((work / variant / "summary.json").read_text())
+        records = json.loads((work / VARIANTS[variant][0] / "manifest.json").read_text())["records"]
         summary["variants"][variant] = {
             "exact_match": after["exact_match"], "ended_with_end_token": after["ended_with_end_token"],
             "fine_tune_wall_s": log[-2]["wall_s"], "train_s": round(ran["wall_s"], 1),
-            "samples_trained": sum(samples_seen(work / f"{variant}-ledger").values()), "final_loss": ran["final_loss"],
-            "examples": after["examples"]}
+            "rows_trained": sum(samples_seen(work / f"{variant}-ledger").values()),
+            "records_per_row": round(records["records"] / records["rows"], 2), "final_loss": ran["final_loss"],
+            "eval_loss": ran["eval"]["loss"], "examples": after["examples"]}
     if args.kill_worker_at:
         first = args.variants[0]
         killed_at = run_killing_a_worker(fine_tune(first, f"{first}-killed"), work / f"{first}-killed",
