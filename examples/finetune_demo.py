@@ -90,7 +90,8 @@ def sets(*values: str) -> list[str]:
 
 
 def samples_seen(ledger: Path) -> Counter:
-    """How many times each sample id was trained on, over the steps that count (raydl.data.ledger_read)."""
+    """How many times each sample id (a row: of several records when packed) was trained on, over the steps that
+    count (raydl.data.ledger_read)."""
     from raydl.data.ledger_read import committed_ids
 
     return Counter(i for ids in committed_ids(ledger).values() for i in ids)
@@ -158,7 +159,8 @@ def main() -> None:
         records = json.loads((work / VARIANTS[variant][0] / "manifest.json").read_text())["records"]
         summary["variants"][variant] = {
             "exact_match": after["exact_match"], "ended_with_end_token": after["ended_with_end_token"],
-            "fine_tune_wall_s": log[-2]["wall_s"], "train_s": round(ran["wall_s"], 1),
+            "fine_tune_wall_s": next(s["wall_s"] for s in log if s["step"] == f"fine-tune {variant}"),
+            "train_s": round(ran["wall_s"], 1),
             "rows_trained": sum(samples_seen(work / f"{variant}-ledger").values()),
             "records_per_row": round(records["records"] / records["rows"], 2), "final_loss": ran["final_loss"],
             "eval_loss": ran["eval"]["loss"], "examples": after["examples"]}

@@ -133,7 +133,7 @@ class Survivors:
         self._quorum(state)
         # Again after a failed quorum too: a copy cut off (its sender died) must not leave this worker to read
         # storage while a live peer has trained further; the next quorum copies that peer, or finds none left.
-        while (self.manager.errored() or self.healed is None and self.members.size < self.workers) \
+        while (self.manager.errored() or (self.healed is None and self.members.size < self.workers)) \
                 and time.monotonic() < deadline:
             time.sleep(0.1)   # polling the Lighthouse for the others, bounded by the deadline
             self._quorum(state)
