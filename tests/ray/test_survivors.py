@@ -108,37 +108,51 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
 def test_a_survivor_killed_while_its_replacement_copies_it_loses_and_repeats_no_sample(cluster, data_cache, tmp_path):
     """A worker is killed, and then the survivor, the one worker with the run's state, is killed while the first
     one's replacement copies it (debug.peer_copy_hold_s holds the copy open). With no live state left the
-    replacement goes on from the newest checkpoint (50 or 100, as far as the survivor got alone): the steps since
-    are redone, on the record as a restart, and every sample is still taken exactly once per epoch."""
+    replacement goes on from the newest checkpoint: the steps since are redone, on the record as a restart, and
+    every sample is still taken exactly once per epoch. The run trains until Ctrl-C (a survivor alone is fast: with
+    a step limit it could finish before a slow replacement joins)."""
+    import json
+    import signal
+
     cluster.resize(1)
-    steps, every = 150, 50
-    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={steps}",
+    every = 50
+    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=100000",
                  f"checkpoint.every_steps={every}", "telemetry.report_every=5", "train.eval_batches=2",
-                 "telemetry.progress=false", "scaling.max_failures=2", "debug.peer_copy_hold_s=5"]
+                 "telemetry.progress=false", "scaling.max_failures=2", "debug.peer_copy_hold_s=10"]
     run = ledger_run(tmp_path, overrides, cluster.address).start()
     try:
         run.wait_step(every + 5, deadline_s=600)
         victim, survivor = run.workers(2)[::-1]
         assert kill(victim)
         copying = run.wait_for("the survivor's copy to the replacement",
-                               lambda: list(ledger(run).glob("peer-copy-*")), 120)
+                               lambda: list(ledger(run).glob("peer-copy-*")), 300)
         assert [p.name for p in copying] == [f"peer-copy-{survivor}"], copying
+        at = run.step()
         assert kill(survivor)
-        summary = run.finish(deadline_s=600)
+
+        def trained_on_after_going_back() -> bool:
+            steps = [r["step"] for r in run.records()]
+            return any(b < a for a, b in zip(steps, steps[1:])) and steps[-1] > at + 10
+        run.wait_for("steps past the kill after the restart", trained_on_after_going_back, 300)
+        run.proc.send_signal(signal.SIGINT)
+        assert run.proc.wait(90) == 0, run.tail()
     finally:
         run.stop()
-    print(f"[survivors] killed in the copy: members {summary['members']}, restarts {summary['restarts']}")
-    assert summary["steps"] == steps
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    print(f"[survivors] killed in the copy at step {at}: members {summary['members']}, restarts {summary['restarts']}")
     # The one restart of the run: the survivor's death, from the newest checkpoint before it.
     [restart] = summary["restarts"]
-    assert f"pid {survivor}" in restart["cause"] and restart["resumed_at_step"] in (every, 2 * every), restart
-    assert restart["resumed_at_step"] <= restart["step"], restart
+    assert f"pid {survivor}" in restart["cause"], restart
+    assert restart["resumed_at_step"] % every == 0 and every <= restart["resumed_at_step"] <= at, restart
     cfg = load_config(None, overrides[:-1])   # the data's settings
     ids, every_id = committed_ids(ledger(run)), epoch_ids(Path(resolve_path(cfg, choose_model(cfg.model).spec.task)))
-    assert sorted(ids) == [0, 1, 2]   # 150 steps of 60 a epoch: the third epoch ends inside the run
-    for epoch in (0, 1):
-        assert sorted(ids[epoch]) == every_id, f"epoch {epoch}: {len(ids[epoch])} ids, {len(set(ids[epoch]))} distinct"
-    assert len(ids[2]) == len(set(ids[2])) == (steps - 120) * 64   # the last, unfinished epoch: none twice
+    done = summary["steps"] // 60    # 3840 train rows: 60 steps of 64 an epoch
+    assert done >= 1 and all(epoch in ids for epoch in range(done)), (sorted(ids), summary["steps"])
+    for epoch, taken in ids.items():
+        if epoch < done:
+            assert sorted(taken) == every_id, f"epoch {epoch}: {len(taken)} ids, {len(set(taken))} distinct"
+        else:   # the epoch the stop came in
+            assert len(taken) == len(set(taken)), f"epoch {epoch}: {len(taken)} ids, {len(set(taken))} distinct"
 
 
 def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(cluster, data_cache, tmp_path):
