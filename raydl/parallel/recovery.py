@@ -60,6 +60,9 @@ def _blocker(cfg: JobConfig, *, torchft: bool) -> str | None:
         return "a single worker has no survivors"
     if s.max_failures == 0:
         return "scaling.max_failures=0 ends the run at the first failure"
+    if cfg.telemetry.profile_steps:
+        return ("telemetry.profile_steps gathers every rank's profile over the group's process group, which the "
+                "survivors' workers (a replica group each) do not share")
     for live in range(1, s.max_workers + 1):   # the survivors keep the global batch at every size they may reach
         try:
             batch_split(global_batch=t.global_batch_size, micro_batch=t.micro_batch_size, dp=live, strict=True)

@@ -29,6 +29,7 @@ def test_data_parallel_runs_keep_their_survivors():
     (("scaling.min_workers=1", "scaling.max_workers=3"), "does not split over 3 worker(s)"),
     (("scaling.survivors=off",), "scaling.survivors=off"),
     (("scaling.max_failures=0",), "ends the run at the first failure"),
+    (("telemetry.profile_steps=3",), "telemetry.profile_steps gathers every rank's profile"),
 ])
 def test_other_layouts_restart_the_whole_group_and_say_why(sets, reason):
     chosen = path(*sets)
