@@ -41,10 +41,11 @@ def _module_alone(request):
 
 @pytest.fixture(autouse=True)
 def _test_beside_others(request):
-    """Every other Ray test holds it shared while it runs; a unit test (no Ray) runs beside anything."""
+    """Every other Ray test, and every gloo/torchrun test (tests/dist: the cores' load), holds it shared while it
+    runs; a unit test runs beside anything."""
     from tests.alone import holding
 
-    beside = not _alone(request) and request.node.path.parent.name == "ray"
+    beside = not _alone(request) and request.node.path.parent.name in ("ray", "dist")
     with holding(exclusive=False) if beside else contextlib.nullcontext():
         yield
 
