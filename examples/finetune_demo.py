@@ -62,7 +62,8 @@ def run(cmd: list[str], log: list[dict], what: str) -> str:
 
 def run_killing_a_worker(cmd: list[str], run_dir: Path, at_step: int, log: list[dict], what: str) -> int:
     """`raydl train` with one of its Train workers SIGKILLed once the run has reported `at_step`; the step killed at."""
-    from raydl.bench.procs import cmdline, descendants, kill
+    from raydl.bench.fault_cluster import train_workers
+    from raydl.bench.procs import kill
 
     print("$", " ".join(cmd), f"   # a worker killed after step {at_step}", flush=True)
     t0 = time.monotonic()
@@ -72,8 +73,7 @@ def run_killing_a_worker(cmd: list[str], run_dir: Path, at_step: int, log: list[
             if proc.poll() is not None:
                 sys.exit(f"{what} ended ({proc.returncode}) before step {at_step}: see {console.name}")
             time.sleep(0.2)
-        workers = [p for p in descendants(proc.pid) if cmdline(p).startswith("ray::RayTrainWorker")]
-        kill(workers[-1])
+        kill(train_workers(proc.pid)[-1])
         if proc.wait():
             sys.exit(f"{what} failed ({proc.returncode}): see {console.name}")
     log.append({"step": what, "wall_s": round(time.monotonic() - t0, 1)})
@@ -152,16 +152,18 @@ def main() -> None:
     before = score(work / "pre", "--tokenizer", str(work / "tok"), "--template", "chat")
     summary = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", "seed": args.seed,
                "held_out_records": before["records"], "exact_match_before": before["exact_match"], "variants": {}}
+    seen: dict[str, Counter] = {}
     for variant in args.variants:
         run(fine_tune(variant, variant), log, f"fine-tune {variant}")
         after = score(work / variant)
         ran = json.loads((work / variant / "summary.json").read_text())
         records = json.loads((work / VARIANTS[variant][0] / "manifest.json").read_text())["records"]
+        seen[variant] = samples_seen(work / f"{variant}-ledger")
         summary["variants"][variant] = {
             "exact_match": after["exact_match"], "ended_with_end_token": after["ended_with_end_token"],
             "fine_tune_wall_s": next(s["wall_s"] for s in log if s["step"] == f"fine-tune {variant}"),
             "train_s": round(ran["wall_s"], 1),
-            "rows_trained": sum(samples_seen(work / f"{variant}-ledger").values()),
+            "rows_trained": sum(seen[variant].values()),
             "records_per_row": round(records["records"] / records["rows"], 2), "final_loss": ran["final_loss"],
             "eval_loss": ran["eval"]["loss"], "examples": after["examples"]}
     if args.kill_worker_at:
@@ -173,7 +175,7 @@ def main() -> None:
         summary["worker_killed"] = {
             "variant": first, "after_step": killed_at, "exact_match": killed["exact_match"],
             "exact_match_change_points": round(100 * (killed["exact_match"] - summary["variants"][first]["exact_match"]), 1),
-            "same_samples_seen": samples_seen(work / f"{first}-killed-ledger") == samples_seen(work / f"{first}-ledger"),
+            "same_samples_seen": samples_seen(work / f"{first}-killed-ledger") == seen[first],
             "restarts": len(ran["restarts"]), "member_changes": ran["members"]}
     summary["steps"] = log
     print(json.dumps(summary, indent=1))

@@ -278,7 +278,8 @@ WANDB_MODES = ("online", "offline")
 
 @dataclass(kw_only=True)
 class DebugSection:
-    """Test hooks of the data loader (raydl.data.ledger); off by default, and then they cost nothing."""
+    """Test hooks (the data loader's ledger, raydl.data.ledger; a survivor's peer copy, raydl.train.survivors; memory
+    marks and limits); off by default, and then they cost nothing."""
     ledger_dir: str = _f("", "Write the sample ids each rank hands to training to <dir>/ledger-<pid>-dp<rank>.jsonl, "
                          "for exactly-once tests; empty = off. A directory every worker can write (local runs); made if missing.")
     fail_at_step: int = _f(-1, "The first rank to reach this global step raises, once per debug.ledger_dir (a "
