@@ -278,8 +278,8 @@ WANDB_MODES = ("online", "offline")
 
 @dataclass(kw_only=True)
 class DebugSection:
-    """Test hooks (the data loader's ledger, raydl.data.ledger; a survivor's peer copy, raydl.train.survivors; memory
-    marks and limits); off by default, and then they cost nothing."""
+    """Test hooks (the data loader's ledger, raydl.data.ledger; a survivor's peer copy, raydl.train.survivors; a hold
+    at a step, raydl.train.hold; memory marks and limits); off by default, and then they cost nothing."""
     ledger_dir: str = _f("", "Write the sample ids each rank hands to training to <dir>/ledger-<pid>-dp<rank>.jsonl, "
                          "for exactly-once tests; empty = off. A directory every worker can write (local runs); made if missing.")
     fail_at_step: int = _f(-1, "The first rank to reach this global step raises, once per debug.ledger_dir (a "
@@ -287,6 +287,10 @@ class DebugSection:
     peer_copy_hold_s: float = _f(0.0, "On the survivors path, a worker sending its state to a replacement that "
                                  "catches up first writes <debug.ledger_dir>/peer-copy-<pid> and waits this many "
                                  "seconds: a window in which a test kills a worker during the copy; 0 = off.")
+    hold_at_step: int = _f(-1, "After reporting this global step every rank writes <debug.ledger_dir>/held-<pid> "
+                           "and waits, until <debug.ledger_dir>/release exists or a drain notice comes: a test "
+                           "changes the cluster while the run trains, at a known step, however slow the machine; "
+                           "-1 = off.")
     memory_dir: str = _f("", "Write each rank's peak memory (RSS on CPU, max allocated on GPU) after its model is "
                          "built and loaded, and at the end, to <dir>/memory-rank<r>.json (raydl bench memory); "
                          "empty = off.")
@@ -307,6 +311,11 @@ class DebugSection:
         if self.peer_copy_hold_s and not self.ledger_dir:
             raise ConfigError("debug.peer_copy_hold_s", "needs debug.ledger_dir, where the sender marks the copy",
                               "set --set debug.ledger_dir=DIR as well")
+        if self.hold_at_step != -1 and self.hold_at_step < 1:
+            raise ConfigError("debug.hold_at_step", f"is {self.hold_at_step}", "use -1 (off) or a step >= 1")
+        if self.hold_at_step != -1 and not self.ledger_dir:
+            raise ConfigError("debug.hold_at_step", "needs debug.ledger_dir, where the ranks mark the hold and "
+                              "the test releases it", "set --set debug.ledger_dir=DIR as well")
         if self.fail_at_step != -1 and not self.ledger_dir:
             raise ConfigError("debug.fail_at_step", "needs debug.ledger_dir, where the failure marks that it "
                               "happened (it fires once)", "set --set debug.ledger_dir=DIR as well")

@@ -49,6 +49,7 @@ from raydl.train import checkpoint as ckpt
 from raydl.train.checkpoint_state import saving_ranks
 from raydl.train.agree import Agreed, agree
 from raydl.train.engines import build_engine
+from raydl.train.hold import hold_after
 from raydl.train.host_memory import cap_growth, return_large_blocks, threshold_for
 from raydl.train.memory_state import GroupStart, MemoryKeeper, begin_group
 from raydl.train.model_build import build_for_worker
@@ -323,6 +324,7 @@ def fit(w: Worker, state: TrainerState) -> tuple[TrainerState, int]:
                 w.session.wait_for_restart()   # Ray restarts the group smaller, from the checkpoint just saved
             if agreed.stop_signum:
                 return state, agreed.stop_signum
+        hold_after(state.step, cfg.debug, w.session.preemption_notice)
     return state, 0
 
 

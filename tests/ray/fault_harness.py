@@ -25,6 +25,17 @@ def ledger_run(root: Path, overrides: list[str], address: str) -> Run:
     return Run(root, [*overrides, f"debug.ledger_dir={root / 'ledger'}"], address)
 
 
+def held(run: Run, ranks: int, deadline_s: float = 240) -> None:
+    """Wait until `ranks` workers hold at debug.hold_at_step (raydl/train/hold.py): the run is there, its
+    checkpoint reported, and stays there until the cluster changes or `release`."""
+    run.wait_for(f"{ranks} workers held", lambda: len(list(ledger(run).glob("held-*"))) >= ranks, deadline_s)
+
+
+def release(run: Run) -> None:
+    """Let held workers (and any that reach the hold step again after a restart) go on."""
+    (ledger(run) / "release").touch()
+
+
 def open_files(pid: int) -> list[str]:
     fd_dir = Path("/proc") / str(pid) / "fd"
     out = []

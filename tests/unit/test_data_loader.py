@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from raydl.data.shards import SplitReader
 from raydl.data.prepare import prepare
 from raydl.errors import ConfigError, DataError
 from raydl.overrides import load_config
+from raydl.train.hold import hold_after
 
 GB = 64
 
@@ -152,10 +154,24 @@ def test_ledger_hook_records_the_steps_and_fails_once(tmp_path):
     (["debug.fail_at_step=5"], "fail_at_step", "needs debug.ledger_dir"),
     (["debug.peer_copy_hold_s=-1", "debug.ledger_dir=x"], "peer_copy_hold_s", "use 0 (off) or seconds > 0"),
     (["debug.peer_copy_hold_s=5"], "peer_copy_hold_s", "needs debug.ledger_dir"),
+    (["debug.hold_at_step=0", "debug.ledger_dir=x"], "hold_at_step", "use -1 (off) or a step >= 1"),
+    (["debug.hold_at_step=5"], "hold_at_step", "needs debug.ledger_dir"),
 ])
 def test_debug_section_is_validated(sets, field, problem):
     with pytest.raises(ConfigError, match=rf"config field 'debug.{field}'.*{re.escape(problem)}"):
         load_config(None, sets)
+
+
+def test_a_hold_marks_each_rank_and_ends_at_the_release_or_a_drain_notice(tmp_path):
+    debug = load_config(None, [f"debug.ledger_dir={tmp_path}", "debug.hold_at_step=30"]).debug
+    hold_after(29, debug, notice=lambda: pytest.fail("held at a step that is not debug.hold_at_step"))
+    assert not list(tmp_path.glob("held-*"))
+    notices = iter([False, False, True])
+    hold_after(30, debug, notice=lambda: next(notices))     # a drain notice on the third look
+    assert [p.name for p in tmp_path.glob("held-*")] == [f"held-{os.getpid()}"]
+    assert next(notices, "spent") == "spent"
+    (tmp_path / "release").touch()
+    hold_after(30, debug, notice=lambda: False)             # released: returns at once
 
 
 def flip_a_byte_silently(shard: Path) -> None:
