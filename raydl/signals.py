@@ -1,6 +1,8 @@
 """Ctrl-C and SIGTERM in a raydl process: the first asks for a stop with a checkpoint, the second stops at once.
 
-Used by the driver (which passes the request on to the workers, raydl.driver.stop) and by every torchrun rank.
+Used by the driver (which passes the request on to the workers through the run's metrics sink,
+raydl.metrics.sink.MetricsSink.request_stop) and by every torchrun rank. The driver then prints the checkpoint and
+the command that resumes the run, and exits 128 + signal number (130 for SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations

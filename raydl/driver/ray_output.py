@@ -39,7 +39,7 @@ _LEVELS = {"[raydl] warning: ": logging.WARNING, "[raydl] error: ": logging.ERRO
 # The actors a run starts (Ray Train's, raydl's), as Ray names them in a
 # forwarded line's prefix.
 RUN_ACTORS = frozenset({"TrainController", "RayTrainWorker", "PlacementGroupCleaner", "PreemptionWatcher",
-                        "SynchronizationActor", "MetricsSink", "StopRequest"})
+                        "SynchronizationActor", "MetricsSink"})
 
 
 def raydl_line(line: str) -> tuple[int, str] | None:

@@ -21,7 +21,6 @@ from raydl.driver.ray_output import RAY_LOG, route_to
 from raydl.driver.prepare import PreparedRun, prepare_run, remove_if_never_started
 from raydl.driver.run_location import checkpoint_storage, checkpoints_location
 from raydl.driver.shared_storage import check_shared_checkpoints, check_shared_dataset
-from raydl.driver.stop import start_stop_request
 from raydl.signals import SignalStop
 from raydl.errors import ClusterLost, ConfigError, RunFailed, one_line, raydl_error_in
 from raydl.models.spec import ModelSpec
@@ -314,12 +313,12 @@ def fit_connected(run: PreparedRun, address: str | None, marks: startup.Marks):
     check_shared_checkpoints(run.cfg)
     check_shared_dataset(run.cfg, run.job["data_path"])
     warn_if_reads_cannot_run(run.cfg)
-    run.job["stop_actor"] = f"raydl-stop-{run.job['run_id']}"
-    stop = start_stop_request(run.job["stop_actor"])
     watch = ClusterWatch(str(run.run_dir), address, ClusterLost.exit_code)
     try:
-        with SignalStop(on_first=lambda signum: stop.request.remote(signum)), watch:
-            trainer = build_trainer(run)
+        trainer = build_trainer(run)
+        run.job["stop_actor"] = run.job["metrics_sink"]   # raydl.metrics.sink.MetricsSink.request_stop
+        # A signal before this point stops at once: nothing has trained yet.
+        with SignalStop(on_first=lambda signum: trainer.metrics_sink.request_stop.remote(signum)), watch:
             marks.mark("fit_called")
             return trainer.fit()
     except (RayActorError, RaySystemError) as e:   # the Train controller itself is gone: its cluster went away

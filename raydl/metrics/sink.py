@@ -37,6 +37,7 @@ class MetricsSink:
     def __init__(self, run_dir: str, progress: bool, events_dir: str | None, trackers: dict, mirror: str | None):
         self.lines: list[str | Progress] = []
         self.unseen_error: tuple | None = None   # (time, rank, error, traceback): note_worker_error's, until seen
+        self.stop_signum = 0                     # request_stop's
         self.writer = MetricsWriter(run_dir, progress=progress, events_dir=events_dir, trackers=trackers, say=self.say,
                                     mirror=mirror)
 
@@ -69,6 +70,18 @@ class MetricsSink:
     def error_unseen(self) -> tuple | None:
         """The last worker error that Ray Train's controller has not reported (note_failure) since."""
         return self.unseen_error
+
+    def request_stop(self, signum: int) -> None:
+        """From the driver at its first SIGINT or SIGTERM (raydl.signals.SignalStop): the workers stop at their next
+        report with a checkpoint, and the driver prints the command that resumes the run. The leading worker asks
+        `stop_requested` at each report without waiting for the answer, and the ranks agree on it in the report's
+        one collective (raydl.train.agree). The run's sink holds it: an actor of its own cost a process (~1.5 CPU-s)
+        per run."""
+        self.stop_signum = self.stop_signum or signum
+
+    def stop_requested(self) -> int:
+        """The driver's first stop signal; 0 = none."""
+        return self.stop_signum
 
     def fail_trackers(self) -> None:
         self.writer.fail_trackers()

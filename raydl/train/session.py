@@ -130,7 +130,7 @@ class RaySession:
             answer = self._stop_answer
             if answer is not None and not ray.wait([answer], timeout=0)[0]:
                 return 0   # still on its way
-            self._stop_answer = self._stop_actor.requested.remote()
+            self._stop_answer = self._stop_actor.stop_requested.remote()
             return ray.get(answer) if answer is not None else 0
         except (ValueError, ray.exceptions.RayError):   # gone with the driver: nobody can ask to stop
             return 0
