@@ -50,19 +50,25 @@ def _test_beside_others(request):
         yield
 
 
-# The alone modules, longest first (16.5, 9.5 and 6 min on a quiet 2-core machine, CI 2026-11-27); the unit tests
-# (~6 min) run beside the first.
-ALONE_ORDER = ("test_faults", "test_survivors", "test_restart_from_memory")
+# The alone modules, longest first (5.5 and 3.6 min on a quiet 2-core machine, 2026-11-28); the unit tests run beside
+# the first.
+ALONE_ORDER = ("test_survivors", "test_restart_from_memory")
+# The other modules handed out longest first (minutes beside the other process, 2026-11-28), so that no process is
+# left with a long one at the end while the other waits: the rest in collection order after them.
+LONGEST_FIRST = ("test_docs", "test_faults", "test_s3_e2e", "test_jobs_submit", "test_stop", "test_data_ledger",
+                 "test_console", "test_train_e2e", "test_own_model")
 
 
 def pytest_collection_modifyitems(items):
     """Under xdist (--dist loadfile, --no-loadscope-reorder) a module's tests stay in one process (its module-scoped
-    cluster, job server or references are built once), handed out in this order: the other Ray tests, two at a time;
-    then the alone modules, the unit tests right after the first, which the other process runs beside it."""
+    cluster, job server or references are built once), handed out in this order: the other Ray and gloo tests, two
+    at a time, the longest first; then the alone modules, the unit tests right after the first, which the other
+    process runs beside it."""
     alone, unit, other = [], [], []
     for item in items:
         (alone if item.get_closest_marker("alone") else unit if item.path.parent.name == "unit" else other).append(item)
     alone.sort(key=lambda i: ALONE_ORDER.index(i.path.stem) if i.path.stem in ALONE_ORDER else len(ALONE_ORDER))
+    other.sort(key=lambda i: LONGEST_FIRST.index(i.path.stem) if i.path.stem in LONGEST_FIRST else len(LONGEST_FIRST))
     first = [i for i in alone if i.path == alone[0].path] if alone else []
     items[:] = other + first + unit + alone[len(first):]
 

@@ -38,7 +38,7 @@ from tests.helpers import not_raydls
 from tests.ray.fault_harness import (checkpoints, held, ledger, ledger_run, newest_registered, open_files,
                                      preempted_checkpoints, reference_run, release)
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = [pytest.mark.slow]
 
 # Where the layout changed, the result is compared with the fault-free run at the run's *first* layout, step by step:
 #  * every step before the first restart: equal within 1e-6 relative (same layout: in practice bit-identical);

@@ -17,7 +17,7 @@ from tests.helpers import free_port
 from tests.ray.ray_head import alive_nodes, short_tmp_dir, start_head, stop_head
 from tests.ray.test_autoscale import fake_cluster_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = [pytest.mark.slow]
 RAYDL = str(Path(sys.executable).parent / "raydl")
 
 
