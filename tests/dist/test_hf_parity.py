@@ -105,12 +105,12 @@ def test_pp2_checkpoint_resumes_at_dp2_with_equal_loss_and_exports(tmp_path, tin
         assert_export_matches(halfway[family], load_config(None, base + list(model)), tmp_path / f"{family}-hf")
 
 
-def assert_export_matches(checkpoint: Path, cfg, out: Path) -> None:
-    """`raydl export` of a checkpoint of any layout, against raydl's whole model (config `cfg`) loaded from it in
-    this process."""
+def assert_export_matches(checkpoint: Path, cfg, out: Path, source: Path | None = None) -> None:
+    """`raydl export` of a checkpoint of any layout (or of `source`, the run directory whose newest checkpoint it is),
+    against raydl's whole model (config `cfg`) loaded from it in this process."""
     from transformers import AutoModelForCausalLM
 
-    assert main(["export", str(checkpoint), "--format", "hf", "--out", str(out)]) == 0
+    assert main(["export", str(source or checkpoint), "--format", "hf", "--out", str(out)]) == 0
     choice = choose_model(cfg.model)
     meta = choice.open_dataset(cfg).meta
     torch.manual_seed(1)   # unlike the run's init: only the checkpoint can make the two agree

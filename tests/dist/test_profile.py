@@ -69,10 +69,21 @@ def test_pipeline_profile_under_torchrun_shows_send_recv_and_bubble(tiny_overrid
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_raydl_profile_on_ray(tiny_overrides, ray_session, capsys):
-    argv = ["profile", "--steps", "2", *(a for o in tiny_overrides for a in ("--set", o))]
+def test_raydl_profile_on_ray(tiny_overrides, ray_session, capsys, tmp_path):
+    """docs/seeing-inside.md's block as printed there (which marks it `tested by` this test), with the test's data
+    cache and short evaluations: `raydl profile --steps 2 --set telemetry.tensorboard=true --set run.dir=...`, its
+    breakdown, `raydl report` of the run, the files the page lists, and the page's `raydl plan --cluster ...`."""
+    run_dir = tmp_path / "runs" / "profiled"
+    argv = ["profile", "--steps", "2", "--set", "telemetry.tensorboard=true", "--set", f"run.dir={run_dir}",
+            *(a for o in tiny_overrides for a in ("--set", o))]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    (run_dir,) = Path(next(o for o in tiny_overrides if o.startswith("run.runs_dir=")).split("=", 1)[1]).iterdir()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["profiled"]
     assert f"{run_dir / 'profile' / 'breakdown.json'}" in out
     read_profile(run_dir / "profile", 2, 2)
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.png").is_file() and (run_dir / "tensorboard").is_dir()
+    assert (run_dir / "profile" / "rank0.json").is_file()
+    repo = Path(__file__).resolve().parents[2]
+    assert main(["plan", "--cluster", str(repo / "cluster" / "aws-gpu.yaml"), "--steps", "20000", "--deadline", "12",
+                 "--budget", "100"]) == 0

@@ -27,6 +27,8 @@ def run_train(tmp_path: Path, data_cache: Path, *flags: str) -> str:
 
 @pytest.mark.slow
 def test_default_run_console_is_quiet(data_cache, tmp_path):
+    """docs/recovery.md's first command, `raydl train --set train.max_steps=30` (which marks it `tested by` this test),
+    and the layout line that page shows it printing."""
     out = run_train(tmp_path, data_cache)
     lines = out.splitlines()
     raydl_lines = [line for line in lines if "[raydl]" in line]

@@ -19,21 +19,27 @@ EXAMPLE = REPO / "examples" / "hf_llama_tiny.yaml"   # the README's example, run
 
 @pytest.mark.slow
 def test_hf_llama_trains_at_pp2_on_ray_and_exports(tmp_path, ray_session):
+    """The first block of docs/huggingface.md, its commands as printed there (which marks it `tested by` this test)
+    on a corpus of its own: `raydl data prepare ... --tokenizer bpe --vocab-size 320 --seq-len 16`, `raydl train
+    --config examples/hf_llama_tiny.yaml --set data.path=... --set run.dir=...`, `raydl export RUN --format hf`."""
+    from transformers import AutoModelForCausalLM
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"{i} green trains cross {i % 7} rivers at dawn\n" for i in range(600)))
-    assert main(["data", "prepare", str(corpus), "--from", "text", "--out", str(tmp_path / "data"), "--tokenizer",
-                 "bpe", "--vocab-size", "320", "--seq-len", "16", "--quiet"]) == 0
-    sets = [f"data.path={tmp_path / 'data'}", f"run.runs_dir={tmp_path / 'runs'}", "telemetry.progress=false"]
+    assert main(["data", "prepare", str(corpus), "--from", "text", "--tokenizer", "bpe", "--vocab-size", "320",
+                 "--seq-len", "16", "--out", str(tmp_path / "data" / "corpus"), "--quiet"]) == 0
+    run_dir = tmp_path / "runs" / "llama"
+    sets = [f"data.path={tmp_path / 'data' / 'corpus'}", f"run.dir={run_dir}", "telemetry.progress=false"]
     assert main(["train", "--config", str(EXAMPLE), *(a for s in sets for a in ("--set", s))]) == 0
-    (run_dir,) = (tmp_path / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["final_loss"] < summary["first_loss"] - 0.5, summary
     (layout,) = summary["layouts"]
     assert (layout["dp"], layout["pp"], layout["schedule"]) == (1, 2, "1f1b")
 
-    out = tmp_path / "exported"
-    assert_export_matches(ckpt.find_latest(run_dir), load_config(run_dir / "config.yaml"), out)
-    assert (out / "tokenizer.json").read_bytes() == (tmp_path / "data" / "tokenizer.json").read_bytes()
+    out = tmp_path / "my_llama"
+    assert_export_matches(ckpt.find_latest(run_dir), load_config(run_dir / "config.yaml"), out, source=run_dir)
+    assert (out / "tokenizer.json").read_bytes() == (tmp_path / "data" / "corpus" / "tokenizer.json").read_bytes()
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 3
 
 
 @pytest.mark.slow

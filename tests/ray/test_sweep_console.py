@@ -1,5 +1,7 @@
-"""What a default `raydl sweep` prints: raydl's own lines, the report table and at most 3 lines from Ray; no Train
-placement-group noise, no Tune NaN warnings, no Tune tables; every trial's start time in the report."""
+"""What a `raydl sweep` prints: raydl's own lines, the report table and at most 3 lines from Ray; no Train
+placement-group noise, no Tune NaN warnings, no Tune tables; every trial's start time in the report. The sweep is
+docs/sweeps.md's first command, `raydl sweep --config examples/sweep_tiny.yaml` (2 one-worker trials of 20 steps of the
+default tiny GPT), which marks it `tested by` this test."""
 
 from __future__ import annotations
 
@@ -10,24 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
-from raydl.tune.space import default_sweep
 
 pytestmark = pytest.mark.slow
 
 
-def tiny_default_sweep(tmp_path: Path, data_cache: Path) -> Path:
-    """The default sweep cut to 2 one-worker trials of 20-40 steps."""
-    sweep = default_sweep(gpu=False)
-    sweep["base"].update(run={"runs_dir": str(tmp_path / "runs")},
-                         data={"cache_dir": str(data_cache), "builtin_samples": 4096})
-    sweep["base"]["train"].update(max_steps=20, warmup_steps=2, eval_batches=2)
-    sweep["base"]["checkpoint"] = {"every_steps": 10}
-    sweep["space"] = {"train.global_batch_size": [32, 64], "train.precision": ["fp32"]}
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(sweep))
-    return path
+REPO = Path(__file__).resolve().parents[2]
+SWEEP_TINY = REPO / "examples" / "sweep_tiny.yaml"
 
 
 def report_table(lines: list[str]) -> list[str]:
@@ -37,10 +27,11 @@ def report_table(lines: list[str]) -> list[str]:
     return lines[first:last + 1]
 
 
-def test_default_sweep_console_is_quiet_and_reports_each_trials_start(data_cache, tmp_path, on_shared_ray):
+def test_sweep_console_is_quiet_and_reports_each_trials_start(data_cache, tmp_path, on_shared_ray):
     raydl = str(Path(sys.executable).parent / "raydl")
-    out = subprocess.run([raydl, "sweep", "--config", str(tiny_default_sweep(tmp_path, data_cache))], cwd=tmp_path,
-                         text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+    sets = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2"]   # the test's data
+    out = subprocess.run([raydl, "sweep", "--config", str(SWEEP_TINY), *(a for s in sets for a in ("--set", s))],
+                         cwd=tmp_path, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, timeout=600).stdout
     lines = out.splitlines()
     table = report_table(lines)

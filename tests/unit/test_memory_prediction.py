@@ -161,6 +161,7 @@ def test_a_chunked_loss_predicts_less_than_whole_logits_at_gpt2_shape():
 
 def test_raydl_train_refuses_a_layout_that_cannot_fit_before_any_worker_starts(tmp_path, data_cache, capsys,
                                                                                monkeypatch):
+    """docs/memory.md's first command (which marks it `tested by` this test) and the refusal that page prints."""
     from raydl.cli import main
     from tests.unit.test_bad_inputs_config import tree_digest
 
