@@ -26,7 +26,7 @@ from raydl.bench.procs import kill
 from tests.ray.fault_harness import ledger_run, reference_run
 from tests.ray.test_faults import assert_exactly_once, log
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = [pytest.mark.slow]
 
 GB, STEPS = 64, 60
 PP2 = ("parallel.pp_degree=2", "parallel.num_microbatches=2")
