@@ -17,6 +17,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):   # each test process its own (Ray's "
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="raydl-ray-"))
 os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+# Where the shell sets PYTHONDONTWRITEBYTECODE (this workplace's does), every process the tests start (each Ray worker
+# and actor, each `raydl` and torchrun rank) compiled raydl's modules again: a Train worker's imports took 2.9-3.1
+# CPU-s so, 2.7 from the compiled files (2026-11-29), and the suite starts hundreds of such processes.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 from pathlib import Path
 
