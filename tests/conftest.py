@@ -77,6 +77,35 @@ def pytest_collection_modifyitems(items):
     items[:] = other + first + unit + alone[len(first):]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-top", type=int, default=30, help="print the N tests that used the most CPU (tests/cpu_watch.py)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    from tests.cpu_watch import tree_cpu_s
+
+    item.cpu_before = tree_cpu_s()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and hasattr(item, "cpu_before"):   # the test's setup, call and teardown
+        from tests.cpu_watch import KEY, tree_cpu_s
+
+        outcome.get_result().user_properties.append((KEY, tree_cpu_s() - item.cpu_before))
+
+
+@pytest.hookimpl(trylast=True)   # after pytest's durations
+def pytest_terminal_summary(terminalreporter, config):
+    from tests.cpu_watch import summary_lines
+
+    reports = [r for kind in terminalreporter.stats.values() for r in kind if getattr(r, "when", "") == "teardown"]
+    for line in summary_lines(reports, config.getoption("--cpu-top")):
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """Built-in datasets are generated once per session and shared by all tests."""
