@@ -83,18 +83,19 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    from tests.cpu_watch import tree_cpu_s
+    from tests.cpu_watch import TreeCpu
 
-    item.cpu_before = tree_cpu_s()
+    item.cpu_watch = TreeCpu()
+    item.cpu_watch.start()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    if call.when == "teardown" and hasattr(item, "cpu_before"):   # the test's setup, call and teardown
-        from tests.cpu_watch import KEY, tree_cpu_s
+    if call.when == "teardown" and hasattr(item, "cpu_watch"):   # the test's setup, call and teardown
+        from tests.cpu_watch import KEY
 
-        outcome.get_result().user_properties.append((KEY, tree_cpu_s() - item.cpu_before))
+        outcome.get_result().user_properties.append((KEY, item.cpu_watch.stop()))
 
 
 @pytest.hookimpl(trylast=True)   # after pytest's durations

@@ -1,24 +1,26 @@
 """CPU seconds per test: this test process's and every process under it (the Ray it started and that Ray's workers
-and actors, the `raydl` and torchrun commands and their private Rays), read from /proc before and after each test.
+and actors, the `raydl` and torchrun commands and their private Rays), read from /proc.
 
-The suite is CPU-bound (2026-11-29: 98% of two cores busy for its whole run), so a test's wall time depends on what
-runs beside it; its CPU seconds do not, and they add up to the suite's time: about the sum over tests / 2 on two
-cores. A process that ended counts in its parent's children's time once the parent reaped it (the raylet reaps its
-workers, the session's Ray is this process's child); a process whose parent ended first left the tree and is not
-counted: the workers of a `raydl` command's private Ray, whose raylet that command stops. So a lower bound, low for
-the tests whose commands start their own Ray. Printed after pytest's durations, most
-first (`--cpu-top N`, default 30; 0 = off)."""
+The suite is CPU-bound (2026-11-29: 95-98% of two cores busy for its whole run), so a test's wall time depends on
+what runs beside it; its CPU seconds do not, and they add up to the suite's time: about their sum over two cores.
+A thread reads the tree once a second while a test runs and keeps each process's last reading (Ray's raylet does not
+collect its workers' times when they exit): a process that lived under a second between two readings, and the last
+second of one that ended, are missed (a private-Ray `raydl train` test read 10.7 CPU-s so; its whole pytest
+run, collection and imports included, 15.6 read every 0.1 s). Printed after pytest's durations, most first (`--cpu-top N`, default
+30; 0 = off)."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 TICK = os.sysconf("SC_CLK_TCK")
 KEY = "cpu_s"
+EVERY_S = 1.0
 
 
 def _stats() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, own CPU seconds plus those of its reaped children)."""
+    """pid -> (parent pid, the process's own CPU seconds: a collected child's are not added, it was read itself)."""
     out = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -27,22 +29,50 @@ def _stats() -> dict[int, tuple[int, float]]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / TICK)
+            out[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
     return out
 
 
-def tree_cpu_s(root: int | None = None) -> float:
-    """CPU seconds of `root` (this process) and every live process under it, with their reaped children's."""
-    stats, root = _stats(), root or os.getpid()
-    children: dict[int, list[int]] = {}
+def _tree(root: int) -> dict[int, float]:
+    stats, children = _stats(), {}
     for pid, (parent, _) in stats.items():
         children.setdefault(parent, []).append(pid)
-    total, todo = 0.0, [root]
+    out, todo = {}, [root]
     while todo:
         pid = todo.pop()
-        total += stats.get(pid, (0, 0.0))[1]
-        todo.extend(children.get(pid, ()))
-    return total
+        if pid in stats:
+            out[pid] = stats[pid][1]
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+class TreeCpu:
+    """start() ... stop() -> CPU seconds the tree under this process used in between."""
+
+    def __init__(self):
+        self.before: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        self.last.update(_tree(os.getpid()))
+
+    def _watch(self) -> None:
+        while not self.done.wait(EVERY_S):
+            self._read()
+
+    def start(self) -> None:
+        self.before = _tree(os.getpid())
+        self.last = dict(self.before)
+        self.thread = threading.Thread(target=self._watch, name="cpu-watch", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        self._read()
+        return sum(cpu - self.before.get(pid, 0.0) for pid, cpu in self.last.items())
 
 
 def summary_lines(reports, top: int) -> list[str]:
