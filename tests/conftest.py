@@ -78,7 +78,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--cpu-top", type=int, default=30, help="print the N tests that used the most CPU (tests/cpu_watch.py)")
+    parser.addoption("--cpu-top", type=int, default=30,
+                     help="print the N tests that used the most CPU (tests/cpu_watch.py)")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -6,44 +6,26 @@ what runs beside it; its CPU seconds do not, and they add up to the suite's time
 A thread reads the tree once a second while a test runs and keeps each process's last reading (Ray's raylet does not
 collect its workers' times when they exit): a process that lived under a second between two readings, and the last
 second of one that ended, are missed (a private-Ray `raydl train` test read 10.7 CPU-s so; its whole pytest
-run, collection and imports included, 15.6 read every 0.1 s). Printed after pytest's durations, most first (`--cpu-top N`, default
-30; 0 = off)."""
+run, collection and imports included, 15.6 read every 0.1 s). Printed after pytest's durations, most first
+(`--cpu-top N`, default 30; 0 = off)."""
 
 from __future__ import annotations
 
 import os
 import threading
 
+from raydl.bench.procs import descendants, table
+
 TICK = os.sysconf("SC_CLK_TCK")
 KEY = "cpu_s"
 EVERY_S = 1.0
 
 
-def _stats() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, the process's own CPU seconds: a collected child's are not added, it was read itself)."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
-    return out
-
-
 def _tree(root: int) -> dict[int, float]:
-    stats, children = _stats(), {}
-    for pid, (parent, _) in stats.items():
-        children.setdefault(parent, []).append(pid)
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            out[pid] = stats[pid][1]
-            todo.extend(children.get(pid, ()))
-    return out
+    """pid -> own CPU seconds of `root` and every live process under it (a collected child's are not in its
+    parent's: it was read itself)."""
+    processes = table()
+    return {pid: processes[pid][1] / TICK for pid in (root, *descendants(root, processes)) if pid in processes}
 
 
 class TreeCpu:

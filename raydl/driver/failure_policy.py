@@ -100,8 +100,9 @@ class RaydlTrainer(TorchTrainer):
         return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)] + late_cleaner
 
     def _register_sigint_handler(self, controller) -> None:
-        """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.signals.SignalStop`, passed on by the run's metrics sink) checkpoints first. (Called with
-        the controller once it exists: the survivors path's FinishedRunWatch may have to stop it.)"""
+        """Ray's handler aborts the run on Ctrl-C; raydl's (`raydl.signals.SignalStop`, passed on by the run's metrics
+        sink) checkpoints first. (Called with the controller once it exists: the survivors path's FinishedRunWatch
+        may have to stop it.)"""
         if self.finished_watch is not None:
             self.finished_watch.controller = controller
 

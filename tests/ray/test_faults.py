@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slow]
 #  * every step before the first restart: equal within 1e-6 relative (same layout: in practice bit-identical);
 #  * every step after it: equal within 1e-4. The first runs on the checkpoint's weights and data position, the next
 #    on its optimizer state and lr too; only the sums' order differs in the new layout. A wrong or partial resume
-#    shows at once, far above the float noise: measured at most 1.5e-7 (2 -> 3 workers, pp=3) and 4e-8 (1 <-> 2
+#    shows at once, far above the float noise: measured at most 1.9e-7 (2 -> 3 workers, pp=3) and 3.9e-8 (1 <-> 2
 #    workers) over every step to the end (2026-11-29). These runs stay in the loss's plateau of the first 120 steps,
 #    where rounding differences do not grow; until 2026-11-29 the growth runs went on to 600 steps, into the phase
 #    where the task is learnt and another layout's rounding grows ~10x a step, and were held to an end band only.
