@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -24,6 +25,11 @@ from raydl.bench.fault_cluster import poll
 from raydl.bench.procs import free_port, kill
 
 REPO = Path(__file__).resolve().parents[1]
+# run_gloo's ranks are forked from one server process per test process that imported these once: a spawned rank
+# imported them itself, 2-6 CPU-s each (torch, DCP, transformers' Llama pulls torchao in), and the suite is CPU-bound.
+multiprocessing.set_forkserver_preload(["tests.helpers", "raydl.train.loop", "torch.distributed.checkpoint",
+                                        "transformers.models.llama.modeling_llama",
+                                        "transformers.models.gpt2.modeling_gpt2", "peft"])
 
 
 # ------------------------------------------------------------------------------------------------- gloo
@@ -42,10 +48,11 @@ def _gloo_entry(rank: int, world_size: int, port: int, fn, args) -> None:
 def run_gloo(fn, world_size: int, *args) -> None:
     """Run fn(rank, world_size, *args) in `world_size` spawned processes with a gloo group.
 
-    fn must be importable (module level); results go through files in a tmp dir.
+    fn must be importable (module level); results go through files in a tmp dir. The ranks inherit the environment
+    of the first call's time (the fork server's), not the caller's at a later call.
     """
     mp.start_processes(_gloo_entry, args=(world_size, free_port(), fn, args), nprocs=world_size,
-                       start_method="spawn", join=True)
+                       start_method="forkserver", join=True)
 
 
 def torchrun_worker(nproc: int, run_dir: Path, overrides: list[str], *, timeout_s: float,
