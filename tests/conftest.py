@@ -82,6 +82,12 @@ def pytest_addoption(parser):
                      help="print the N tests that used the most CPU (tests/cpu_watch.py)")
 
 
+def pytest_configure(config):
+    from tests.cpu_watch import join_own_cgroup
+
+    join_own_cgroup()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     from tests.cpu_watch import TreeCpu
