@@ -23,11 +23,12 @@ import torch.multiprocessing as mp
 
 from raydl.bench.fault_cluster import poll
 from raydl.bench.procs import free_port, kill
+from raydl.worker import main as worker_main
 
 REPO = Path(__file__).resolve().parents[1]
 # run_gloo's ranks are forked from one server process per test process that imported these once: a spawned rank
 # imported them itself, 2-6 CPU-s each (torch, DCP, transformers' Llama pulls torchao in), and the suite is CPU-bound.
-multiprocessing.set_forkserver_preload(["tests.helpers", "raydl.train.loop", "torch.distributed.checkpoint",
+multiprocessing.set_forkserver_preload(["tests.helpers", "raydl.worker", "torch.distributed.checkpoint",
                                         "transformers.models.llama.modeling_llama",
                                         "transformers.models.gpt2.modeling_gpt2", "peft"])
 
@@ -53,6 +54,18 @@ def run_gloo(fn, world_size: int, *args) -> None:
     """
     mp.start_processes(_gloo_entry, args=(world_size, free_port(), fn, args), nprocs=world_size,
                        start_method="forkserver", join=True)
+
+
+def _worker_rank(rank: int, world_size: int, argv: list[str]) -> None:
+    code = worker_main(argv)
+    if code:
+        raise SystemExit(f"rank {rank}: python -m raydl.worker exited {code}")
+
+
+def forked_worker(nproc: int, run_dir: Path, overrides: list[str]) -> None:
+    """raydl's per-worker loop (`python -m raydl.worker`'s main) in `nproc` forked gloo ranks (run_gloo): the process
+    group and ranks torchrun would give it, without a torchrun agent and a start of each rank (~10 CPU-s)."""
+    run_gloo(_worker_rank, nproc, ["--run-dir", str(run_dir), *(a for s in overrides for a in ("--set", s))])
 
 
 def torchrun_worker(nproc: int, run_dir: Path, overrides: list[str], *, timeout_s: float,
