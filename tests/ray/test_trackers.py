@@ -1,7 +1,9 @@
 """telemetry.mlflow against a real `mlflow server` (sqlite backend, 127.0.0.1, a free port), telemetry.wandb offline
 and telemetry.tensorboard, all three on in one real `raydl train` and one `raydl sweep` on the test Ray: the runs
 read back with MlflowClient, from W&B's offline run files and with TensorBoard's reader; `raydl report` after each,
-its table against summary.json."""
+its table against summary.json. The same train run, with a worker failure and restart in it, is priced: summary.json's
+device-hours and $ equal the hand computation from the run's own metrics.jsonl and cluster/prices.yaml (one run
+for both: each `raydl train` costs ~35 CPU-s of process starts)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from raydl.cli import main
+from raydl.telemetry.cost import TABLE_PATH
 from raydl.tune.space import parse_sweep
 from raydl.tune.sweep import run_sweep
 from tests.helpers import not_raydls
@@ -32,6 +36,34 @@ def mlflow_server(tmp_path_factory):
         yield server
 
 
+CPUS_PER_WORKER = 2
+
+
+def elapsed(line: dict) -> float:
+    """A step's own time and the time before it (eval, report, checkpoint): what the meter charges."""
+    return line["between_s"] + line["step_s"]
+
+
+def core_seconds(lines: list[dict], restart: dict) -> float:
+    """Each step at its world size x cores per worker x its elapsed time (steps the failed group reported, then
+    redone, included: they were paid for); the restart's gap at the smaller world size."""
+    seconds = sum(elapsed(line) * line["world_size"] for line in lines)
+    after = max(i for i, line in enumerate(lines) if line["step"] == restart["resumed_at_step"] + 1)   # the new group's
+    before, first = lines[after - 1], lines[after]
+    gap = first["time"] - elapsed(first) - before["time"]
+    return CPUS_PER_WORKER * (seconds + gap * min(before["world_size"], first["world_size"]))
+
+
+def assert_priced_from_the_table(summary: dict, lines: list[dict]) -> None:
+    table = yaml.safe_load(TABLE_PATH.read_text())
+    machine = table["machines"]["m5.2xlarge"]
+    hours = core_seconds(lines, summary["restarts"][0]) / 3600
+    assert summary["device_hours"] == pytest.approx(hours, rel=1e-9)
+    assert summary["cost_usd"] == pytest.approx(hours * machine["on_demand"] / machine["vcpus"], rel=1e-9)
+    assert lines[-1]["cost_usd"] == pytest.approx(summary["cost_usd"], rel=1e-9)
+    assert summary["pricing"]["unit"] == "CPU core" and summary["pricing"]["units_per_worker"] == CPUS_PER_WORKER
+
+
 def runs_of(uri: str, experiment: str) -> list:
     from mlflow.tracking import MlflowClient
 
@@ -39,8 +71,8 @@ def runs_of(uri: str, experiment: str) -> list:
     return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
 
 
-def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard(ray_session, mlflow_server, tiny_overrides, tmp_path,
-                                                         capsys):
+def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard_and_prices_its_records(ray_session, mlflow_server,
+                                                                                 tiny_overrides, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     # Reports every 2 steps and a failure at step 15 (it fires once): steps 11-14 are reported, then redone from
@@ -50,7 +82,8 @@ def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard(ray_session, mlflow_se
             f"telemetry.mlflow.tracking_uri={mlflow_server.uri}", "telemetry.mlflow.experiment=train",
             "telemetry.wandb.project=raydl-test", "telemetry.wandb.mode=offline",
             f"debug.ledger_dir={tmp_path / 'ledger'}", "debug.fail_at_step=15", "checkpoint.memory_every_steps=0",
-            "scaling.survivors=off"]   # a restart of the whole group, tagged and logged as one
+            f"scaling.cpus_per_worker={CPUS_PER_WORKER}", "cost.instance_type=m5.2xlarge",   # a CPU run priced on it
+            "scaling.survivors=off"]   # a restart of the whole group, tagged, logged and priced as one
     assert main(["train", *(arg for s in sets for arg in ("--set", s))]) == 0
     out, err = capsys.readouterr()
     [run_dir] = (tmp_path / "runs").iterdir()
@@ -83,6 +116,7 @@ def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard(ray_session, mlflow_se
     [(step, restart)] = texts(events, "events/restarts").items()
     assert step == 11 and "injected failure at step 15" in restart and "resumed at step 10" in restart
     assert texts(events, "events/layouts")[1].startswith("2 workers from step 1: dp 2 x pp 1")
+    assert_priced_from_the_table(summary, lines)
 
     assert main(["report", str(run_dir)]) == 0
     table = dict(table_rows(capsys.readouterr().out)[1:])
