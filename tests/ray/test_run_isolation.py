@@ -1,30 +1,13 @@
-"""Runs sharing storage stay apart; a run the cluster can never place fails in seconds; a failed start leaves nothing."""
+"""A run the cluster can never place fails in seconds; a failed start leaves nothing. (Runs sharing storage stay apart:
+tests/ray/test_pipeline_train.py, on its two runs.)"""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from raydl.driver.ray_trainer import run_training, workers_that_fit
 from raydl.errors import ConfigError
 from raydl.overrides import load_config
-
-@pytest.mark.slow
-def test_two_runs_with_one_basename_and_one_storage_path_keep_their_checkpoints(ray_session, data_cache, tmp_path):
-    store = tmp_path / "store"
-    sets = [f"data.cache_dir={data_cache}", "train.max_steps=30", "checkpoint.every_steps=10", "checkpoint.keep=2",
-            "telemetry.report_every=10", "data.builtin_samples=4096", "train.eval_batches=2",
-            "telemetry.progress=false", f"checkpoint.storage_path={store}"]
-    first = run_training(load_config(None, [*sets, f"run.dir={tmp_path / 'a' / 'exp'}"]))
-    second = run_training(load_config(None, [*sets, f"run.dir={tmp_path / 'b' / 'exp'}", "train.seed=1"]))
-    folders = sorted(p.name for p in store.iterdir() if p.is_dir())
-    assert len(folders) == 2 and all(f.startswith("exp-") for f in folders)
-    for summary in (first, second):
-        kept = sorted(p.name for p in Path(summary["checkpoint"]).parent.glob("step_*"))
-        assert kept == ["step_00000020", "step_00000030"], (summary["checkpoint"], kept)
-        assert summary["restarts"] == [] and summary["steps"] == 30   # the second did not resume the first
-    assert Path(first["checkpoint"]).parent != Path(second["checkpoint"]).parent
 
 
 @pytest.mark.slow
