@@ -1,5 +1,6 @@
 """What `raydl train` prints: by default raydl's own lines only (Ray's go to the run's ray.log), the layout once, and a
-summary that records the start-up's phases in order; with --quiet only the summary JSON."""
+summary that records the start-up's phases in order; with --quiet only the summary JSON (and a user's model's own
+prints on stderr)."""
 
 from __future__ import annotations
 
@@ -56,15 +57,36 @@ def assert_startup_phases_in_order(startup: dict) -> None:
     assert all(seconds >= 0 for seconds in startup["phase_s"].values()), startup
 
 
+CHATTY = "print('[mymodels.net] Net built')   # like nanoGPT's parameter count"
+
+
 @pytest.mark.slow
-def test_quiet_run_prints_only_the_summary(data_cache, tmp_path, on_shared_ray):
-    """On the session's Ray (a private Ray's token-auth warning is test_default_run_console_is_quiet's)."""
-    out = run_train(tmp_path, data_cache, "--quiet")
-    assert not [line for line in out.splitlines() if "[raydl]" in line], out
-    lines = out.splitlines()
-    assert "{" in lines, out
-    summary = json.loads("\n".join(lines[lines.index("{"):]))
-    assert summary["steps"] == 30 and lines.index("{") == 0, out   # not even Ray's connection lines
+def test_quiet_run_of_a_model_that_prints_leaves_stdout_to_the_summary(data_cache, tmp_path, on_shared_ray):
+    """`raydl -q train` of a user model that prints when it is built (in the driver, and in every Ray worker, whose
+    lines Ray forwards to the driver): stdout is the summary JSON alone; stderr holds the driver's own print and
+    nothing else, no raydl line, not even Ray's connection lines; the workers' prints are in the run's ray.log
+    (raydl.driver.ray_output). On the session's Ray (a private Ray's token-auth warning is
+    test_default_run_console_is_quiet's), which as a single-node cluster takes the default, local checkpoint storage
+    (raydl refuses it only on clusters of several nodes). (A worker SIGKILLed mid-run, whose death Ray reports on the
+    driver's console: tests/ray/test_s3_e2e.py, which json.loads stdout too.)"""
+    source = (Path(__file__).parents[1] / "assets" / "own_net.py").read_text()
+    (tmp_path / "mymodels").mkdir()
+    (tmp_path / "mymodels" / "net.py").write_text(
+        source.replace("        super().__init__()\n", f"        super().__init__()\n        {CHATTY}\n", 1))
+    sets = ["model.name=mymodels.net:make_spec", f"data.cache_dir={data_cache}", "data.builtin_samples=4096",
+            "train.max_steps=30", "telemetry.report_every=10", "checkpoint.every_steps=10", "train.eval_batches=1"]
+    p = subprocess.run([str(Path(sys.executable).parent / "raydl"), "-q", "train",
+                        *(a for s in sets for a in ("--set", s))], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    summary = json.loads(p.stdout)
+    assert summary["steps"] == 30 and Path(summary["checkpoint"]).is_dir()
+    assert p.stdout.startswith("{"), p.stdout
+    built = [line for line in p.stderr.splitlines() if "[mymodels.net] Net built" in line]
+    assert built and all("pid=" not in line for line in built), built   # the driver's own print
+    assert p.stderr.splitlines() == built, p.stderr   # no raydl line, no Ray line
+    ray_log = (Path(summary["run_dir"]) / "ray.log").read_text()     # the workers' prints: off the console
+    assert "(RayTrainWorker pid=" in ray_log and "[mymodels.net] Net built" in ray_log, ray_log[-4000:]
 
 
 def run_with_terminal_stderr(tmp_path: Path, command: list[str]) -> tuple[str, str]:
