@@ -88,5 +88,6 @@ def reference_run(run_dir: Path, overrides: list[str], *, nproc: int = 2) -> dic
     forked_worker(nproc, run_dir, [*overrides, f"checkpoint.every_steps={NO_CHECKPOINT_BEFORE_THE_END}"])
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["losses"] = {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(summary["losses"]) == list(range(1, summary["steps"] + 1)), "the reference lacks a step's record"
     return summary
 

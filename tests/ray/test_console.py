@@ -81,6 +81,7 @@ def test_quiet_run_of_a_model_that_prints_leaves_stdout_to_the_summary(data_cach
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads(p.stdout)
     assert summary["steps"] == 30 and Path(summary["checkpoint"]).is_dir()
+    assert Path(summary["checkpoint"]).resolve().is_relative_to((tmp_path / "runs").resolve()), summary   # local
     assert p.stdout.startswith("{"), p.stdout
     built = [line for line in p.stderr.splitlines() if "[mymodels.net] Net built" in line]
     assert built and all("pid=" not in line for line in built), built   # the driver's own print

@@ -55,6 +55,8 @@ def core_seconds(lines: list[dict], restart: dict) -> float:
 
 
 def assert_priced_from_the_table(summary: dict, lines: list[dict]) -> None:
+    first_redone = summary["restarts"][0]["resumed_at_step"] + 1
+    assert [line["step"] for line in lines].count(first_redone) == 2, "the failed group's record of it, and the new's"
     table = yaml.safe_load(TABLE_PATH.read_text())
     machine = table["machines"]["m5.2xlarge"]
     hours = core_seconds(lines, summary["restarts"][0]) / 3600
