@@ -47,7 +47,7 @@ def _gloo_entry(rank: int, world_size: int, port: int, fn, args) -> None:
 
 
 def run_gloo(fn, world_size: int, *args) -> None:
-    """Run fn(rank, world_size, *args) in `world_size` spawned processes with a gloo group.
+    """Run fn(rank, world_size, *args) in `world_size` processes forked from the preloaded server, with a gloo group.
 
     fn must be importable (module level); results go through files in a tmp dir. The ranks inherit the environment
     of the first call's time (the fork server's), not the caller's at a later call.
