@@ -79,7 +79,8 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def references(data_cache, tmp_path_factory):
-    """reference(*overrides, nproc=2) -> the fault-free run of base + overrides (forked gloo ranks, fault_harness.reference_run); cached."""
+    """reference(*overrides, nproc=2) -> the fault-free run of base + overrides (forked gloo ranks:
+    fault_harness.reference_run); cached."""
     cache: dict[tuple, dict] = {}
 
     def reference(*overrides: str, nproc: int = 2) -> dict:

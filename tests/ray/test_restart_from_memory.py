@@ -5,7 +5,8 @@ storage checkpoint.
 On the fault cluster of tests/ray/test_faults.py (a 1-CPU head and one 1-CPU worker node; one Train worker per
 node), tiny GPT on the built-in task, one epoch of 60 steps, checkpoint.every_steps=100 (no storage checkpoint
 before the end), telemetry.report_every=1 (every step's record reaches metrics.jsonl, so the steps redone are
-counted exactly). Each test checks the exactly-once ledger and the result against the fault-free run (raydl's loop in forked gloo ranks).
+counted exactly). Each test checks the exactly-once ledger and the result against the fault-free run (raydl's loop in
+forked gloo ranks).
 
     RAY_TMPDIR=/tmp/ray-$USER pytest tests/ray/test_restart_from_memory.py -s
 """
@@ -52,8 +53,8 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def reference(data_cache, tmp_path_factory):
-    """reference(layout) -> the fault-free run of that layout (forked gloo ranks), cached: it saves no checkpoint before its
-    end whatever the test's checkpoint.every_steps (fault_harness.reference_run), so one serves every test of a layout."""
+    """reference(layout) -> the fault-free run of that layout (forked gloo ranks), cached: it saves no checkpoint before
+    its end whatever the test's checkpoint.every_steps (fault_harness.reference_run), so one serves every test of a layout."""
     cache: dict[tuple, dict] = {}
 
     def of(layout: tuple[str, ...]) -> dict:
