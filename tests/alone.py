@@ -4,11 +4,12 @@ Their multi-node Ray clusters on this machine time node losses against Ray's own
 timeouts, the fake autoscaler's idle timeout). The fault, restart-from-memory and shared-storage modules were alone
 until 2026-11-29: beside another process's Ray runs (load 7-9 on 2 cores) a node-added run started at 2 workers and
 a drained node's run failed (2026-11-27), the change coming too late; their runs now hold at a known step until the
-change has happened (debug.hold_at_step), and the suite is CPU-bound, so running them alone bought no time. Every other Ray test holds a shared lock while it runs; an `alone` module holds the lock
-exclusively from its first fixture to its last teardown. The module asks without blocking, once a second, so the
-other process's Ray tests keep the lock between them (a blocked request would be granted in the gap between two of
-them, and the second would wait for the whole module): the module starts once the other process runs no Ray test,
-which tests/conftest.py's order makes the end of its Ray tests. Without xdist (one process) nothing waits."""
+change has happened (debug.hold_at_step), and the suite is CPU-bound, so running them alone bought no time. Every
+other Ray test holds a shared lock while it runs; an `alone` module holds the lock exclusively from its first
+fixture to its last teardown. The module asks without blocking, once a second, so the other process's Ray tests keep
+the lock between them (a blocked request would be granted in the gap between two of them, and the second would wait
+for the whole module): the module starts once the other process runs no Ray test, which tests/conftest.py's order
+makes the end of its Ray tests. Without xdist (one process) nothing waits."""
 
 from __future__ import annotations
 

@@ -90,10 +90,9 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    from tests.cpu_watch import TreeCpu
+    from tests.cpu_watch import watch
 
-    item.cpu_watch = TreeCpu()
-    item.cpu_watch.start()
+    item.cpu_watch = watch()
 
 
 @pytest.hookimpl(hookwrapper=True)

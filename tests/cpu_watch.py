@@ -62,14 +62,24 @@ def _tree(root: int) -> dict[int, float]:
     return {pid: processes[pid][1] / TICK for pid in (root, *descendants(root, processes)) if pid in processes}
 
 
+class CgroupCpu:
+    """start() ... stop() -> CPU seconds this process's cgroup used in between."""
+
+    def start(self) -> None:
+        self.before = _cgroup_cpu_s()
+
+    def stop(self) -> float:
+        return _cgroup_cpu_s() - self.before
+
+
 class TreeCpu:
-    """start() ... stop() -> CPU seconds the tree under this process used in between."""
+    """start() ... stop() -> CPU seconds the tree under this process used in between, read from /proc."""
 
     def __init__(self):
         self.before: dict[int, float] = {}
         self.last: dict[int, float] = {}
         self.done = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.thread = threading.Thread(target=self._watch, name="cpu-watch", daemon=True)
 
     def _read(self) -> None:
         self.last.update(_tree(os.getpid()))
@@ -79,21 +89,22 @@ class TreeCpu:
             self._read()
 
     def start(self) -> None:
-        if _counter:
-            self.cgroup_before = _cgroup_cpu_s()
-            return
         self.before = _tree(os.getpid())
         self.last = dict(self.before)
-        self.thread = threading.Thread(target=self._watch, name="cpu-watch", daemon=True)
         self.thread.start()
 
     def stop(self) -> float:
-        if _counter:
-            return _cgroup_cpu_s() - self.cgroup_before
         self.done.set()
         self.thread.join()
         self._read()
         return sum(cpu - self.before.get(pid, 0.0) for pid, cpu in self.last.items())
+
+
+def watch() -> CgroupCpu | TreeCpu:
+    """A started watch of the CPU used from now until its stop(): the cgroup's count where this process has one."""
+    cpu = CgroupCpu() if _counter else TreeCpu()
+    cpu.start()
+    return cpu
 
 
 def summary_lines(reports, top: int) -> list[str]:
