@@ -44,28 +44,24 @@ def start_offsets(ledger: Path) -> list[int]:
     return [attempt.start["offset"] for attempt in attempts(ledger)]
 
 
-def test_worker_failure_mid_epoch_is_exactly_once(tmp_path):
+def test_worker_failure_then_a_resume_with_fewer_workers_mid_epoch_is_exactly_once(tmp_path):
+    """A worker fails at step 13 and a new group restarts from the step-10 checkpoint; the run's step-15 checkpoint
+    then resumes at one worker to the end of the epoch. One ledger for the three attempts."""
     data, ledger = make_dataset(tmp_path), tmp_path / "ledger"
     ledger.mkdir()
-    failed = torchrun(2, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}", fail_at=13)
+    failed = torchrun(2, tmp_path / "run", data, ledger, "train.max_steps=15", fail_at=13)
     assert failed.returncode != 0 and "injected failure at step 13" in failed.stderr, failed.stderr[-3000:]
     # The restart: a new worker group on the same run directory, as Ray's FailureConfig or torchrun's
     # --max-restarts would start it (torchrun's own in-place restart cannot re-form a gloo group here).
-    p = torchrun(2, tmp_path / "run", data, ledger, f"train.max_steps={STEPS}", fail_at=13)
+    p = torchrun(2, tmp_path / "run", data, ledger, "train.max_steps=15", fail_at=13)
     assert p.returncode == 0, p.stderr[-3000:]
     assert start_offsets(ledger) == [0, 10 * GB]              # restarted from the step-10 checkpoint
     ids = committed(ledger)
-    assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
+    assert len(ids) == len(set(ids)) == 15 * GB
 
-
-def test_resume_mid_epoch_with_fewer_workers_is_exactly_once(tmp_path):
-    data, ledger = make_dataset(tmp_path), tmp_path / "ledger"
-    ledger.mkdir()
-    first = torchrun(2, tmp_path / "run", data, ledger, "train.max_steps=15")
-    assert first.returncode == 0, first.stderr[-3000:]
     second = torchrun(1, tmp_path / "run-1", data, ledger, f"train.max_steps={STEPS}", resume=tmp_path / "run")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stderr and start_offsets(ledger) == [0, 15 * GB]
+    assert "resumed from" in second.stderr and start_offsets(ledger) == [0, 10 * GB, 15 * GB]
     dp_sizes = {attempt.dp_size for attempt in attempts(ledger)}
     assert dp_sizes == {1, 2}
     ids = committed(ledger)
@@ -81,24 +77,24 @@ def raydl_train(data: Path, run_dir: Path, workers: int, steps: int, *debug: str
 
 
 def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_path):
-    data = make_dataset(tmp_path)
-    failure, resize = tmp_path / "ledger-failure", tmp_path / "ledger-resize"
-    failure.mkdir(), resize.mkdir()
+    """As above through `raydl train` with Ray Data: Ray's FailureConfig restarts the group after the failure at step
+    13, and the run's step-15 checkpoint resumes at one worker."""
+    data, ledger = make_dataset(tmp_path), tmp_path / "ledger"
+    ledger.mkdir()
 
     # The debug section travels to the Ray workers inside the job's config, like every other field.
-    summary = raydl_train(data, tmp_path / "run-failure", 2, STEPS, f"debug.ledger_dir={failure}",
+    summary = raydl_train(data, tmp_path / "run", 2, 15, f"debug.ledger_dir={ledger}",
                           "debug.fail_at_step=13", "checkpoint.memory_every_steps=0",   # resumes from storage
                           "scaling.survivors=off")   # the whole group restarts (the survivors': test_survivors.py)
     [restart] = summary["restarts"]
     assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
-    assert summary["steps"] == STEPS
-    assert start_offsets(failure) == [0, 10 * GB]           # Ray restarted the group from the step-10 checkpoint
-    ids = committed(failure)
-    assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
+    assert summary["steps"] == 15
+    assert start_offsets(ledger) == [0, 10 * GB]           # Ray restarted the group from the step-10 checkpoint
+    ids = committed(ledger)
+    assert len(ids) == len(set(ids)) == 15 * GB
 
-    first = raydl_train(data, tmp_path / "run-resize", 2, 15, f"debug.ledger_dir={resize}")
-    second = raydl_train(data, tmp_path / "run-resize-1", 1, STEPS, f"debug.ledger_dir={resize}",
-                         resume=first["run_dir"])
-    assert second["world_sizes"] == [1] and start_offsets(resize) == [0, 15 * GB]
-    ids = committed(resize)
+    second = raydl_train(data, tmp_path / "run-1", 1, STEPS, f"debug.ledger_dir={ledger}", resume=summary["run_dir"])
+    assert second["world_sizes"] == [1] and start_offsets(ledger) == [0, 10 * GB, 15 * GB]
+    assert second["steps"] == STEPS and second["restarts"] == [], second["restarts"]
+    ids = committed(ledger)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)
