@@ -5,9 +5,10 @@ cluster/local-fake.yaml with the head's real GCS address), autoscaler update eve
 Job: `python jobs/train.py` (raydl submit's entrypoint), elastic with scaling.min_workers=1, max_workers=2 (1 CPU per worker).
 
 Expected sequence, each step polled with a deadline:
-  1. training starts at world size 1 on the head's single CPU (or at 2, when the added node is up first);
+  1. training starts at world size 1 on the head's single CPU (or at 2, when the added node is up first), and holds
+     after step HOLD;
   2. Train's elastic policy asks the autoscaler for max_workers bundles -> a `ray.worker.cpu` node (2 CPUs) is added;
-  3. the run resizes 1 -> 2 workers (restart from its checkpoint) and finishes;
+  3. the run resizes 1 -> 2 workers (restart from its step-HOLD checkpoint), is released and finishes;
   4. the request is withdrawn and the idle node is removed.
 Timings are printed with -s ([timing] lines).
 """
@@ -30,13 +31,14 @@ from tests.ray.ray_head import alive_nodes, short_tmp_dir, start_head, stop_head
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parents[2]
-# The run must outlast the scale-up (Train's AutoscalingCoordinator refreshes its view every 20 s, RAY_NOTES P4):
-# big global batches make the 1-worker phase long in wall-clock (8 micro-batches per step) while the 2-worker
-# phase halves the compute per worker; frequent checkpoints let the resized run resume close to where it was.
+# The scale-up must come while the run trains: the run holds after step HOLD (debug.hold_at_step: every rank waits,
+# its checkpoint saved) until the test sees it at 2 workers and releases it, so the growth lands at a known step however
+# slow the machine (until 2026-11-29: 200 steps of 256 samples, so that the 1-worker phase outlasted Train's
+# AutoscalingCoordinator, which refreshes its view every 20 s, RAY_NOTES P4).
+HOLD = 10
 ELASTIC = ["--set", "scaling.min_workers=1", "--set", "scaling.max_workers=2", "--set", "scaling.resize_check_s=2",
-           "--set", "train.global_batch_size=256", "--set", "train.micro_batch_size=32",
-           "--set", "train.max_steps=200", "--set", "checkpoint.every_steps=10", "--set", "telemetry.report_every=10",
-           "--set", "data.builtin_samples=8192", "--set", "train.eval_batches=2",
+           "--set", "train.max_steps=30", "--set", f"checkpoint.every_steps={HOLD}", "--set", "telemetry.report_every=10",
+           "--set", "data.builtin_samples=4096", "--set", "train.eval_batches=2", "--set", f"debug.hold_at_step={HOLD}",
            # raydl's 15 s default gives up on a worker group that starts slowly; on a loaded 2-core box the first
            # (1-worker) group then dies and the retry starts at 2 workers, skipping the growth this test shows.
            "--set", "scaling.worker_start_timeout_s=60"]
@@ -60,12 +62,13 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
                       env={"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
     try:
         assert len(alive_nodes(head)) == 1   # the head only: worker types start at min_workers 0
+        (tmp / "ledger").mkdir()
         client = jobs.Jobs(head.address, str(head.token_file))
         t0 = time.monotonic()
         # Like a real cluster, every node must see the data and the run dir: on one machine any absolute path
         # is "shared storage". Relative defaults would land in the job's working dir.
         shared = [f"data.cache_dir={tmp / 'data'}", f"run.runs_dir={tmp / 'runs'}", "checkpoint.shared_local=true",
-                  "data.shared_local=true"]
+                  "data.shared_local=true", f"debug.ledger_dir={tmp / 'ledger'}"]
         # The job's working dir is the repository in place (a `local://` URI, as on a cluster whose nodes share a
         # filesystem), not an uploaded package: Ray's runtime-env agent on each node unpacks a package at its
         # first use of it with overwrite=True (rmtree, then extract), and this fake cluster's nodes are started
@@ -88,6 +91,8 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
             for size in (1, 2):
                 if f"[raydl] {size} worker{'s' if size > 1 else ''}:" in logs:   # the layout line
                     times.setdefault(f"world_size_{size}", now)
+            if "world_size_2" in times:
+                (tmp / "ledger" / "release").touch()
             return status in jobs.TERMINAL and status
 
         def describe() -> str:
@@ -100,13 +105,14 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
         assert status == "SUCCEEDED", logs[-4000:]
         run_dir = re.search(r'"run_dir": "([^"]+)"', logs).group(1)
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
-        assert summary["steps"] == 200
+        assert summary["steps"] == 30
         # Started small and grew onto the new node; or, when the fake node came up before the first worker group
         # was placed (a race with the autoscaler's 1 s updates, seen once in CI), started at 2 on it. Either way the
         # job's request grew the cluster and the run trained on the added node (the 1 -> 2 resize itself is
         # test_faults' test_node_added_run_grows_onto_it).
         assert summary["world_sizes"] in ([1, 2], [2]), summary["world_sizes"]
         assert times["node_added"] < times["world_size_2"], times
+        assert all(r["step"] == HOLD for r in summary["restarts"]), summary["restarts"]   # the held group went no further
         added = [n for n in alive_nodes(head) if not n["is_head_node"]]
         assert added and all(n["resources_total"].get("CPU") == 2 for n in added)   # ray.worker.cpu nodes
 
