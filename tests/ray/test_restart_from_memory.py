@@ -1,6 +1,6 @@
 """Restart from memory (issue 25, point 5): a pipeline run (pp=2), an FSDP or a DDP run (dp=2) whose worker is SIGKILLed
 restarts its whole worker group, which reloads the last step from the run's state holder instead of the last
-storage checkpoint.
+storage checkpoint; when the ranks' held states disagree, from storage (the pipeline run's first fault).
 
 On the fault cluster of tests/ray/test_faults.py (a 1-CPU head and one 1-CPU worker node; one Train worker per
 node), tiny GPT on the built-in task, one epoch of 60 steps, checkpoint.every_steps=100 (no storage checkpoint
@@ -72,7 +72,7 @@ def same_as_reference(run, summary: dict, reference: dict) -> None:
     assert summary["final_loss"] == reference["final_loss"] and summary["eval"] == reference["eval"]
 
 
-@pytest.mark.parametrize("layout", [PP2, FSDP2, DDP2], ids=["pp2", "fsdp_dp2", "ddp_dp2"])
+@pytest.mark.parametrize("layout", [FSDP2, DDP2], ids=["fsdp_dp2", "ddp_dp2"])   # pp2: the next test
 def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layout, reference):
     sets = overrides(data_cache, "checkpoint.every_steps=100", layout=layout)
     run = ledger_run(tmp_path / "faulted", sets, cluster.address).start()
@@ -91,12 +91,13 @@ def test_worker_kill_redoes_at_most_one_step(cluster, data_cache, tmp_path, layo
     same_as_reference(run, summary, reference(layout))
 
 
-def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data_cache, tmp_path, reference):
-    """Rank 1's shards taken out of the holder while the workers are stopped, and the stopped group's later sends
-    refused: no step is held by every rank, so the restarted group reloads the last storage checkpoint (every 10
-    steps here) instead."""
-    extra = "checkpoint.every_steps=10"
-    run = ledger_run(tmp_path / "faulted", overrides(data_cache, extra), cluster.address).start()
+def test_restart_reads_storage_when_the_ranks_held_states_disagree_and_memory_after_a_kill(cluster, data_cache,
+                                                                                           tmp_path, reference):
+    """Two faults in one pipeline run. First rank 1's shards are taken out of the holder while the workers are
+    stopped, and the stopped group's later sends refused: no step is held by every rank, so the restarted group
+    reloads the last storage checkpoint (every 10 steps here) instead. Then a worker is SIGKILLed past step 45, away
+    from a storage checkpoint: the restarted group reloads the last step from the holder, redoing at most one."""
+    run = ledger_run(tmp_path / "faulted", overrides(data_cache, "checkpoint.every_steps=10"), cluster.address).start()
     try:
         run.wait_step(25, deadline_s=400)
         workers = run.workers(2)
@@ -107,16 +108,23 @@ def test_restart_reads_storage_when_the_ranks_held_states_disagree(cluster, data
         fault_after = run.step()
         kill(workers[1])
         kill(workers[0], signal.SIGCONT)
+        run.wait_step(45, deadline_s=400)
+        console_before_the_kill = run.tail(200_000)
+        assert kill(random.Random(0).choice(run.workers(2)))
+        kill_after = run.step()
         summary = run.finish(deadline_s=400)
     finally:
         run.stop()
-    (restart,) = summary["restarts"]
-    log(f"killed after step {fault_after} with rank 1's held steps {held} dropped: {restart}")
+    from_storage, from_memory = summary["restarts"]
+    log(f"killed after step {fault_after} with rank 1's held steps {held} dropped: {from_storage}")
+    log(f"killed after step {kill_after}: {from_memory}")
     # The storage checkpoint, not a held step; every step since it redone. The last step may be one past
     # `fault_after`: a step done before the SIGSTOP whose record reached the driver after it (as in CI once).
-    assert restart["resumed_at_step"] == 20 and restart["step"] in (fault_after, fault_after + 1), restart
-    assert restart["steps_redone"] == restart["step"] - 20, restart
-    assert "resumed from memory" not in run.tail(200_000)
+    assert from_storage["resumed_at_step"] == 20 and from_storage["step"] in (fault_after, fault_after + 1), from_storage
+    assert from_storage["steps_redone"] == from_storage["step"] - 20, from_storage
+    assert "resumed from memory" not in console_before_the_kill
+    assert from_memory["resumed_at_step"] >= kill_after - 1 and from_memory["steps_redone"] <= 1, from_memory
+    assert "resumed from memory at step" in run.tail(200_000)
     assert_exactly_once(run, data_cache)
     same_as_reference(run, summary, reference(PP2))
 
