@@ -11,13 +11,13 @@ import pytest
 from raydl.overrides import load_config
 from tests.docs_run import blocks_tested_by, checkout_like, run_blocks
 
-PAGE, TEST = "docs/own-model.md", "tests/ray/test_own_table.py::test_examples_mlp_regressor_trains_on_its_own_table"
+PAGE = "docs/own-model.md"
 
 
 @pytest.mark.slow
-def test_examples_mlp_regressor_trains_on_its_own_table(tmp_path, data_cache, shared_ray_address):
+def test_examples_mlp_regressor_trains_on_its_own_table(request, tmp_path, data_cache, shared_ray_address):
     cwd = checkout_like(tmp_path, data_cache)
-    run_blocks(blocks_tested_by(PAGE, TEST), cwd, shared_ray_address)
+    run_blocks(blocks_tested_by(PAGE, request.node.nodeid), cwd, shared_ray_address)
     run_dir = cwd / "runs" / "table"
     # data.backend=ray: Ray Data read tasks carry the table's variable-length and string columns too
     assert load_config(run_dir / "config.yaml").data.backend == "ray"
