@@ -2,48 +2,28 @@
 
 Each page gets a fresh directory that looks like the checkout (links to its tracked top-level files, so
 `examples.my_model:spec` and `jobs/configs/...` resolve) and shares the session's built-in dataset cache;
-its blocks run there in order, one bash per command, with the repository's venv first on PATH."""
+its blocks run there in order, one bash per command, with the repository's venv first on PATH (tests/docs_run.py,
+which the tests that a block's `tested by` marker names run it with)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.docs_blocks import REPO, DocsError, page_blocks, pages
-
-COMMAND_TIMEOUT_S = 600   # a loaded 2-core machine: ten times the quiet time
-ENV = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def checkout_like(tmp_path: Path, data_cache: Path) -> Path:
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for name in sorted({line.split("/")[0] for line in tracked.splitlines()}):
-        (tmp_path / name).symlink_to(REPO / name)
-    (tmp_path / ".raydl_data").symlink_to(data_cache)   # the built-in datasets, generated once per session
-    return tmp_path
-
-
-def run(command: str, cwd: Path, ray_address: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYDL_"))}
-    env.update(ENV, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
-    return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
+from tests.docs_blocks import DocsError, page_blocks, pages
+from tests.docs_run import checkout_like, run_blocks
 
 
 def runs_here(page: Path) -> bool:
-    """A page with a bash block that no other test runs (a block marked `tested by` runs in the test it names);
-    a page that does not parse is run too, so that its test fails (not the collection)."""
+    """A page with a bash block that no other test runs (a block marked `tested by` runs in the test it names), or
+    whose blocks are all `not tested`, or that does not parse: the last two fail their test (not the collection)."""
     try:
-        return any(block.tested_by is None for block in page_blocks(page))
+        parsed = page_blocks(page)
     except DocsError:
         return True
+    runnable = any(block.skip_reason is None and block.tested_by is None for block in parsed)
+    return runnable or (bool(parsed) and not any(block.tested_by for block in parsed))
 
 
 @pytest.mark.slow
@@ -58,10 +38,4 @@ def test_documented_commands_pass(page, tmp_path, data_cache, shared_ray_address
     # The guides' runs join the session's Ray (RAY_ADDRESS, as a user's shell may set it); the README's run starts
     # its private Ray, the path of a first `raydl train`.
     ray_address = None if page.name == "README.md" else shared_ray_address
-    for block in runnable:
-        for command in block.commands:
-            t0 = time.monotonic()
-            done = run(command, cwd, ray_address)
-            print(f"{block.page}:{block.line} {time.monotonic() - t0:5.1f} s  {command}")
-            assert done.returncode == 0, (f"{block.page}:{block.line}: `{command}` exited {done.returncode}:\n"
-                                          + "\n".join(done.stdout.splitlines()[-40:]))
+    run_blocks(runnable, cwd, ray_address)

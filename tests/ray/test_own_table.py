@@ -1,32 +1,28 @@
-"""A user's own parquet table and model on a real local Ray, as the README runs them: examples/make_table.py,
-`raydl data prepare --from parquet`, `raydl train --set model.name=examples.mlp_regressor:spec`."""
+"""A user's own parquet table and model on a real local Ray, as docs/own-model.md runs them (its blocks, read from
+the page, as printed there): examples/make_table.py, `raydl data prepare --from parquet`, `raydl train --set
+model.name=examples.mlp_regressor:spec` through Ray Data's reader, `raydl export` to pt2 and ONNX."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from raydl.cli import main
+from raydl.overrides import load_config
+from tests.docs_run import blocks_tested_by, checkout_like, run_blocks
 
-REPO = Path(__file__).resolve().parents[2]
+PAGE = "docs/own-model.md"
 
 
 @pytest.mark.slow
-def test_examples_mlp_regressor_trains_on_its_own_table(ray_session, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(REPO)
-    raw, data = tmp_path / "raw" / "table.parquet", tmp_path / "table"
-    subprocess.run([sys.executable, "examples/make_table.py", str(raw), "--rows", "4096"], check=True, timeout=60)
-    assert main(["data", "prepare", "--from", "parquet", str(raw), "--out", str(data), "--quiet"]) == 0
+def test_examples_mlp_regressor_trains_on_its_own_table(request, tmp_path, data_cache, shared_ray_address):
+    cwd = checkout_like(tmp_path, data_cache)
+    run_blocks(blocks_tested_by(PAGE, request.node.nodeid), cwd, shared_ray_address)
+    run_dir = cwd / "runs" / "table"
     # data.backend=ray: Ray Data read tasks carry the table's variable-length and string columns too
-    sets = ["model.name=examples.mlp_regressor:spec", f"data.path={data}", "data.backend=ray",
-            f"run.runs_dir={tmp_path / 'runs'}", "train.max_steps=60", "train.lr=0.003", "train.warmup_steps=5",
-            "checkpoint.every_steps=60", "train.eval_batches=2", "telemetry.progress=false"]
-    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
-    out = capsys.readouterr().out
-    summary = json.loads(out[out.find("\n{\n") + 1:])
-    losses = [json.loads(line)["loss"] for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert load_config(run_dir / "config.yaml").data.backend == "ray"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 60 and sum(losses[-5:]) < 0.25 * sum(losses[:5]), losses
+    assert (cwd / "exported" / "table" / "model.pt2").is_file()
+    assert (cwd / "exported" / "table-onnx" / "model.onnx").is_file()
