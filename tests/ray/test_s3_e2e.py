@@ -79,7 +79,8 @@ def test_prepare_train_fail_kill_resume_export_report_all_on_s3_exactly_once(s3_
     out, err = train.communicate(timeout=600)
     assert train.returncode == 0, err[-4000:]
     summary = json.loads(out)                      # stdout is the summary alone, worker death or not
-    injected, _ = summary["restarts"]             # and the kill's
+    injected, *after_the_kill = summary["restarts"]
+    assert after_the_kill, summary["restarts"]
     # From a checkpoint in the bucket: step 10's, or step 5's where Train's controller had not yet registered step 10's
     # report when the failure came (it registers a report at its next poll; seen once, 2026-11-28: steps 6-10 redone).
     assert f"injected failure at step {FAIL_AT}" in injected["cause"] and injected["resumed_at_step"] in (5, 10), \
