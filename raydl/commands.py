@@ -2,7 +2,7 @@
 
 Each is a shell line that works when pasted as it is (paths quoted by `shlex.join`), and each is run verbatim by
 a test that reads it off the console: resume after Ctrl-C and SIGTERM (tests/ray/test_stop.py), after a lost
-cluster (tests/ray/test_cluster_lost.py), a sweep's resume (tests/ray/test_sweep_resume.py), a job's logs
+cluster (tests/ray/test_late_start.py), a sweep's resume (tests/ray/test_sweep_resume.py), a job's logs
 (tests/ray/test_jobs_submit.py). A command names only what is still true when it is read: the --address of the
 cluster a run or sweep used while that cluster is there, never a lost one's (a local Ray, or the address of the
 cluster once it is back, runs it).

@@ -3,7 +3,8 @@ and telemetry.tensorboard, all three on in one real `raydl train` and one `raydl
 read back with MlflowClient, from W&B's offline run files and with TensorBoard's reader; `raydl report` after each,
 its table against summary.json. The same train run, with a worker failure and restart in it, is priced: summary.json's
 device-hours and $ equal the hand computation from the run's own metrics.jsonl and cluster/prices.yaml (one run
-for both: each `raydl train` costs ~35 CPU-s of process starts)."""
+for both: each `raydl train` costs ~35 CPU-s of process starts); the sweep's objective is cost_to_target, each trial
+priced from its run's summary.json and the cheapest to the target the best."""
 
 from __future__ import annotations
 
@@ -127,16 +128,35 @@ def test_raydl_train_logs_to_mlflow_wandb_and_tensorboard_and_prices_its_records
     assert_png(run_dir / "report.png")
 
 
+def assert_each_trial_priced_and_the_cheapest_to_target_best(result: dict) -> None:
+    """objective cost_to_target: every trial's cost is what its run's summary.json says it spent, and the best trial
+    is the one that reached the target for the fewest dollars (tests/ray/test_cost_sweep.py until 2026-11-29)."""
+    rows = result["trials"]
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    for r in rows:
+        run = json.loads((Path(r["run_dir"]) / "summary.json").read_text())
+        assert r["cost_usd"] == pytest.approx(run["cost_usd"]) and run["cost_usd"] > 0
+        assert 0 < r["cost_to_target_usd"] <= r["cost_usd"]
+    best = min(rows, key=lambda r: r["cost_to_target_usd"])
+    assert result["best"] == best["trial"] and result["metric"] == "cost_to_target_usd"
+    assert "cost to target" in result["table"] and "$" in result["table"]
+
+
 def test_a_sweep_logs_a_parent_run_a_child_and_a_tensorboard_directory_per_trial(ray_session, mlflow_server, data_cache,
                                                                                   tmp_path, capsys):
     base = {"run": {"runs_dir": str(tmp_path / "runs")}, "data": {"cache_dir": str(data_cache), "builtin_samples": 4096},
-            "scaling": {"min_workers": 1, "max_workers": 1}, "train": {"max_steps": 10, "eval_batches": 2},
+            "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 1},
+            "train": {"max_steps": 10, "warmup_steps": 2, "eval_batches": 2},
             "telemetry": {"report_every": 5, "progress": False, "tensorboard": True,
                           "mlflow": {"tracking_uri": mlflow_server.uri, "experiment": "sweep"},
                           "wandb": {"project": "raydl-test", "mode": "offline"}},
-            "checkpoint": {"every_steps": 10}}
-    result = run_sweep(parse_sweep({"base": base, "space": {"train.lr": [1e-3, 3e-3]}, "objective": "eval_loss"}))
+            "checkpoint": {"every_steps": 10},
+            "cost": {"prices": {"cpu_core": 3600.0}}}          # $1 per core-second: the numbers are readable
+    # The sweep of the cost_to_target objective too: a sweep's trials are what it costs, not its objective.
+    result = run_sweep(parse_sweep({"base": base, "space": {"train.lr": [1e-3, 3e-3]},
+                                    "objective": "cost_to_target", "target_loss": 3.0}))
     out, err = capsys.readouterr()
+    assert_each_trial_priced_and_the_cheapest_to_target_best(result)
     sweep_dir = Path(result["sweep_dir"])
     assert not not_raydls(err), "\n".join(not_raydls(err))   # stdout: the results table
     assert "[raydl] the sweep's MLflow run: http://127.0.0.1:" in err, err
