@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raydl import log as raydl_log
 from raydl.cli import main
 from raydl.telemetry.cost import TABLE_PATH
 from raydl.tune.space import parse_sweep
@@ -153,6 +154,7 @@ def test_a_sweep_logs_a_parent_run_a_child_and_a_tensorboard_directory_per_trial
             "checkpoint": {"every_steps": 10},
             "cost": {"prices": {"cpu_core": 3600.0}}}          # $1 per core-second: the numbers are readable
     # The sweep of the cost_to_target objective too: a sweep's trials are what it costs, not its objective.
+    raydl_log.ensure_configured()   # raydl's console, as `raydl sweep` sets it up (not left to the module's first test)
     result = run_sweep(parse_sweep({"base": base, "space": {"train.lr": [1e-3, 3e-3]},
                                     "objective": "cost_to_target", "target_loss": 3.0}))
     out, err = capsys.readouterr()
