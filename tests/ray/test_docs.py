@@ -38,12 +38,15 @@ def run(command: str, cwd: Path, ray_address: str | None) -> subprocess.Complete
 
 
 def runs_here(page: Path) -> bool:
-    """A page with a bash block that no other test runs (a block marked `tested by` runs in the test it names);
-    a page that does not parse is run too, so that its test fails (not the collection)."""
+    """A page with a bash block that no other test runs (a block marked `tested by` runs in the test it names), or
+    with none that a test runs, so that its test fails; a page that does not parse is run too, so that its test
+    fails (not the collection)."""
     try:
-        return any(block.tested_by is None for block in page_blocks(page))
+        parsed = page_blocks(page)
     except DocsError:
         return True
+    return (any(block.skip_reason is None and block.tested_by is None for block in parsed)
+            or not any(block.tested_by for block in parsed))
 
 
 @pytest.mark.slow
@@ -52,16 +55,14 @@ def runs_here(page: Path) -> bool:
 def test_documented_commands_pass(page, tmp_path, data_cache, shared_ray_address):
     parsed = page_blocks(page)   # parsed here: a bad page fails its test, not collection
     runnable = [block for block in parsed if block.skip_reason is None and block.tested_by is None]
-    assert runnable or any(b.tested_by for b in parsed), \
-        f"{page.name}: every command is marked 'not tested'; a page shows at least one that runs"
+    assert runnable, f"{page.name}: every command is marked 'not tested'; a page shows at least one that runs"
     cwd = checkout_like(tmp_path, data_cache)
-    # The guides' runs join the session's Ray (RAY_ADDRESS, as a user's shell may set it); the README's run starts
-    # its private Ray, the path of a first `raydl train`.
-    ray_address = None if page.name == "README.md" else shared_ray_address
+    # The pages' runs join the session's Ray (RAY_ADDRESS, as a user's shell may set it); the README's run, on the
+    # private Ray a first `raydl train` starts, is tests/ray/test_console.py's.
     for block in runnable:
         for command in block.commands:
             t0 = time.monotonic()
-            done = run(command, cwd, ray_address)
+            done = run(command, cwd, shared_ray_address)
             print(f"{block.page}:{block.line} {time.monotonic() - t0:5.1f} s  {command}")
             assert done.returncode == 0, (f"{block.page}:{block.line}: `{command}` exited {done.returncode}:\n"
                                           + "\n".join(done.stdout.splitlines()[-40:]))
