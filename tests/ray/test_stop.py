@@ -138,15 +138,19 @@ def resume_then_ctrl_c(argv: list[str], run_dir: Path, ledger: Path, cwd: Path) 
     console = cwd / "resumed.out"
     with console.open("w") as out:
         proc = subprocess.Popen(argv, cwd=cwd, env=user_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
-    poll(f"the resumed run held after step {HOLD_AT}", lambda: proc.poll() is not None or any(ledger.glob("held-*")),
-         300)
-    assert proc.poll() is None, console.read_text()[-3000:]
-    proc.send_signal(signal.SIGINT)
-    # Released once the driver has passed the stop on: the ranks see it at a report soon after, well before the end.
-    poll("the driver's stop request",
-         lambda: proc.poll() is not None or "stopping at the next report" in console.read_text(), 60)
-    (ledger / "release").touch()
-    proc.wait(timeout=180)
+    try:
+        poll(f"the resumed run held after step {HOLD_AT}",
+             lambda: proc.poll() is not None or any(ledger.glob("held-*")), 300)
+        assert proc.poll() is None, console.read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        # Released once the driver has passed the stop on: the ranks see it at a report soon after, before the end.
+        poll("the driver's stop request",
+             lambda: proc.poll() is not None or "stopping at the next report" in console.read_text(), 60)
+        (ledger / "release").touch()
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()   # the test failed on the way: its private Ray goes with it
     out = console.read_text()
     [resumed_dir] = [p.parent for p in (cwd / "runs").glob("*/metrics.jsonl") if p.parent != run_dir]
     stopped = assert_stopped_by_first_signal(proc.returncode, out, resumed_dir, signal.SIGINT, max_steps=MAX_STEPS)
