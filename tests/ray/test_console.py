@@ -6,31 +6,40 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from raydl.overrides import build_config
 from raydl.telemetry.startup import ORDER
+from tests.docs_blocks import REPO, page_blocks
 from tests.helpers import not_raydls
+from tests.docs_run import checkout_like
+from tests.docs_run import run as run_as_documented
+from tests.ray.test_own_model import loss_fell, losses_of
 
 
-def run_train(tmp_path: Path, data_cache: Path, *flags: str) -> str:
-    """stdout and stderr of a 30-step default run, interleaved as a terminal shows them."""
-    raydl = str(Path(sys.executable).parent / "raydl")
-    sets = ["train.max_steps=30", "telemetry.report_every=10", f"data.cache_dir={data_cache}",
-            "data.builtin_samples=4096", "train.eval_batches=2"]
-    return subprocess.run([raydl, *flags, "train", *[a for s in sets for a in ("--set", s)]], cwd=tmp_path, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=600).stdout
+SURVIVORS_PATH = "a worker that dies: the others go on, its replacement copies a live peer (torchft)"
+
+
+def documented_command(page: str, test: str) -> str:
+    """The one command of `page`'s block marked `tested by` `test`: the page's own, by construction."""
+    [command] = [c for block in page_blocks(REPO / page) if block.tested_by == test for c in block.commands]
+    return command
 
 
 @pytest.mark.slow
 def test_default_run_console_is_quiet(data_cache, tmp_path):
-    """docs/recovery.md's first command, `raydl train --set train.max_steps=30` (which marks it `tested by` this test),
-    and the layout line that page shows it printing."""
-    out = run_train(tmp_path, data_cache)
+    """README.md's own-model command (which marks it `tested by` this test), run as test_docs runs a page's commands:
+    in a directory like the checkout, stdout and stderr interleaved as a terminal shows them, and on a private Ray,
+    the path of a first `raydl train`."""
+    command = documented_command("README.md", "tests/ray/test_console.py::test_default_run_console_is_quiet")
+    done = run_as_documented(command, checkout_like(tmp_path, data_cache), ray_address=None)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:]
     lines = out.splitlines()
     raydl_lines = [line for line in lines if "[raydl]" in line]
     summary_lines = lines[lines.index("{"):] if "{" in lines else []
@@ -38,11 +47,13 @@ def test_default_run_console_is_quiet(data_cache, tmp_path):
     assert not any("PlacementGroupCleaner" in line or "PreemptionWatcher" in line for line in lines), out
     assert all(line.startswith("[raydl] ") for line in raydl_lines), raydl_lines   # no Ray prefix, no colour code
     assert sum("2 workers: data-parallel × 2 (torchft: " in line and ", from step 0, " in line   # survivors by default
-               and line.endswith("a worker that dies: the others go on, its replacement copies a live peer (torchft)")
-               for line in lines) == 1, out
-    assert sum("[raydl] step " in line for line in lines) == 3 and summary_lines, out
+               and line.endswith(SURVIVORS_PATH) for line in lines) == 1, out
+    summary = json.loads("\n".join(summary_lines)) if summary_lines else {}
+    max_steps = int(re.search(r"train\.max_steps=(\d+)", command)[1])
+    assert summary_lines and summary["steps"] == max_steps, out
+    assert sum("[raydl] step " in line for line in lines) == max_steps // build_config({}).telemetry.report_every, out
     assert not others and not not_raydls(out), "\n".join(others)   # whole lines: pytest cuts a list's repr
-    assert_startup_phases_in_order(json.loads("\n".join(summary_lines))["startup"])
+    assert_startup_phases_in_order(summary["startup"])
 
 
 def assert_startup_phases_in_order(startup: dict) -> None:
@@ -68,19 +79,26 @@ def test_quiet_run_of_a_model_that_prints_leaves_stdout_to_the_summary(data_cach
     (raydl.driver.ray_output). On the session's Ray (a private Ray's token-auth warning is
     test_default_run_console_is_quiet's), which as a single-node cluster takes the default, local checkpoint storage
     (raydl refuses it only on clusters of several nodes). (A worker SIGKILLed mid-run, whose death Ray reports on the
-    driver's console: tests/ray/test_s3_e2e.py, which json.loads stdout too.)"""
+    driver's console: tests/ray/test_s3_e2e.py, which json.loads stdout too.) The model, named by import path from
+    the working directory, trains in a pipeline (pp=2) and learns."""
     source = (Path(__file__).parents[1] / "assets" / "own_net.py").read_text()
     (tmp_path / "mymodels").mkdir()
     (tmp_path / "mymodels" / "net.py").write_text(
         source.replace("        super().__init__()\n", f"        super().__init__()\n        {CHATTY}\n", 1))
-    sets = ["model.name=mymodels.net:make_spec", f"data.cache_dir={data_cache}", "data.builtin_samples=4096",
-            "train.max_steps=30", "telemetry.report_every=10", "checkpoint.every_steps=10", "train.eval_batches=1"]
+    # 80 steps: over 40 the loss fell 12-15% depending on the epoch's order, at the edge of loss_fell's 15%
+    sets = ["model.name=mymodels.net:make_spec", "model.options.hidden=64", "parallel.pp_degree=2",
+            f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=80", "train.warmup_steps=5",
+            "train.lr=0.003", "telemetry.report_every=10", "checkpoint.every_steps=40", "train.eval_batches=1"]
     p = subprocess.run([str(Path(sys.executable).parent / "raydl"), "-q", "train",
                         *(a for s in sets for a in ("--set", s))], cwd=tmp_path, capture_output=True, text=True,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads(p.stdout)
-    assert summary["steps"] == 30 and Path(summary["checkpoint"]).is_dir()
+    assert summary["steps"] == 80 and Path(summary["checkpoint"]).is_dir()
+    assert summary["layouts"][0]["pp"] == 2, summary["layouts"]
+    assert loss_fell(losses_of(summary["run_dir"])), losses_of(summary["run_dir"])
+    saved = json.loads((Path(summary["checkpoint"]) / "raydl_state.json").read_text())["model"]
+    assert saved["name"] == "own_net" and saved["blocks"] == 2, saved
     assert Path(summary["checkpoint"]).resolve().is_relative_to((tmp_path / "runs").resolve()), summary   # local
     assert p.stdout.startswith("{"), p.stdout
     built = [line for line in p.stderr.splitlines() if "[mymodels.net] Net built" in line]
@@ -128,18 +146,26 @@ def run_with_terminal_stderr(tmp_path: Path, command: list[str]) -> tuple[str, s
 @pytest.mark.parametrize("launcher", ["ray", "torchrun"])
 def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher, shared_ray_address, monkeypatch):
     """On a terminal the progress lines become one tqdm bar (driven by the driver's relay under Ray, by rank 0
-    without Ray); the layout line is still a line, and stdout still carries only the summary."""
-    bin_dir = Path(sys.executable).parent
-    if launcher == "ray":   # the session's Ray: a private one is test_default_run_console_is_quiet's
+    without Ray); the layout line is still a line, and stdout still carries only the summary. Under Ray it is
+    docs/recovery.md's first command (which marks it `tested by` this test) as test_docs runs a guide's, on the
+    session's Ray, and its layout line ends with the path a worker's death takes, as that page shows."""
+    if launcher == "ray":
         monkeypatch.setenv("RAY_ADDRESS", shared_ray_address)
-    command = ([str(bin_dir / "raydl"), "train"] if launcher == "ray" else
-               [sys.executable, "-m", "raydl.worker", "--set", "scaling.min_workers=1", "--set", "scaling.max_workers=1"])
-    sets = ["train.max_steps=30", "telemetry.report_every=10", f"data.cache_dir={data_cache}",
-            "data.builtin_samples=4096", "train.eval_batches=2"]
-    stdout, terminal = run_with_terminal_stderr(tmp_path, [*command, *[a for s in sets for a in ("--set", s)]])
+        monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        cwd = checkout_like(tmp_path, data_cache)
+        command = ["bash", "-c", documented_command(
+            "docs/recovery.md", "tests/ray/test_console.py::test_a_terminal_shows_one_progress_bar")]
+    else:
+        cwd = tmp_path
+        sets = ["scaling.min_workers=1", "scaling.max_workers=1", "train.max_steps=30", "telemetry.report_every=10",
+                f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2"]
+        command = [sys.executable, "-m", "raydl.worker", *[a for s in sets for a in ("--set", s)]]
+    stdout, terminal = run_with_terminal_stderr(cwd, command)
     lines = stdout.splitlines()
     assert json.loads("\n".join(lines[lines.index("{"):]))["steps"] == 30, stdout   # torchrun: a table before it
     assert "[raydl] step " not in terminal, terminal
     assert "train 100%|" in terminal and " 30/30 [" in terminal and " 10/30 [" in terminal, terminal
     assert " samples/s " in terminal and "core-h" in terminal, terminal
-    assert sum("micro-batch" in line and "from step 0" in line for line in terminal.splitlines()) == 1, terminal
+    layout = [line for line in terminal.splitlines() if "micro-batch" in line and "from step 0" in line]
+    assert len(layout) == 1, terminal
+    assert launcher == "torchrun" or layout[0].rstrip().endswith(SURVIVORS_PATH), layout

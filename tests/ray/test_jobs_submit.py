@@ -17,7 +17,7 @@ from raydl import jobs
 from raydl.cli import main
 from tests.ray.ray_head import VENV_BIN, short_tmp_dir, start_head, stop_head
 from tests.ray.test_stop import printed
-from tests.ray.test_worker_tracebacks import assert_no_traceback
+from tests.ray.test_worker_tracebacks import assert_paragraph_and_log
 
 pytestmark = pytest.mark.slow
 
@@ -80,15 +80,18 @@ def test_plain_ray_job_submit_trains(head):
 
 
 def test_a_job_whose_workers_raise_raydls_error_logs_the_paragraph_not_tracebacks(head):
-    """The job's logs hold raydl's paragraph and no worker traceback; the workers.log it names holds them."""
-    sub = raydl(head, "submit", *conn(head), "--follow", "--", "train", *FAST, "--set", "train.lr=1e30")
+    """The job's logs (its `raydl train`'s console) hold raydl's paragraph and no worker traceback; the workers.log it
+    names holds the traceback of each of its two workers, and `raydl train` exited 1. (The same failure of a
+    `raydl train` started from a shell: the same console, checked here.)"""
+    two_workers = ["--set", "scaling.min_workers=2", "--set", "scaling.max_workers=2",
+                   "--set", "scaling.cpus_per_worker=0.5"]   # the head's 2 CPUs
+    sub = raydl(head, "submit", *conn(head), "--follow", "--", "train", *FAST, *two_workers, "--set", "train.lr=1e30")
     job_id = sub.stdout.splitlines()[0]
     assert sub.returncode == 1 and f"job {job_id} FAILED" in sub.stderr, sub.stderr[-3000:]
-    logs = sub.stdout
-    assert_no_traceback(logs)
-    [paragraph] = [line for line in logs.splitlines() if line.startswith("raydl: error: training diverged")]
-    workers_log = Path(re.search(r"The workers' tracebacks are in (\S+)\.$", paragraph).group(1))
+    workers_log = assert_paragraph_and_log(sub.stdout, "training diverged at step", ranks=2)
     assert "raise TrainingDivergedError" in workers_log.read_text()   # the head is this machine
+    message = jobs.Jobs(head.address, str(head.token_file)).info(job_id).message
+    assert "failed with exit code 1" in message, message
 
 
 def test_stop_a_running_job(head):

@@ -103,7 +103,8 @@ def test_cluster_shut_down_mid_run_is_one_paragraph(head, data_cache, tmp_path):
     assert argv == ["raydl", "train", "--resume", str(run_dir)], argv   # no --address of the cluster that went away
     resumed = start(argv, tmp_path)
     resumed_dir = first_record_written(tmp_path / "runs", resumed, timeout_s=300, besides=run_dir)
-    resumed.send_signal(signal.SIGINT)
+    resumed.send_signal(signal.SIGTERM)   # a resumed run stops at SIGTERM as at Ctrl-C (tests/ray/test_stop.py)
     out, _ = resumed.communicate(timeout=180)
-    assert resumed.returncode == 128 + signal.SIGINT, out[-4000:]
+    assert resumed.returncode == 128 + signal.SIGTERM, out[-4000:]
+    assert printed(out, "raydl train --resume") == ["raydl", "train", "--resume", str(resumed_dir)]
     assert first_step(resumed_dir) > 10, out[-4000:]   # from the checkpoint the paragraph named, or a later one

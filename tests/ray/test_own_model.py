@@ -1,5 +1,6 @@
 """A user's own model on a real local Ray: by import path from a file in the test's directory, through
-`raydl train` and through `raydl.train`, and the two examples/ as docs/own-model.md runs them."""
+`raydl.train` and in a sweep (through `raydl train`, in a pipeline: tests/ray/test_console.py's quiet run), and the
+two examples/ as docs/own-model.md runs them."""
 
 from __future__ import annotations
 
@@ -41,33 +42,20 @@ def _printed_summary(out: str) -> dict:
     return json.loads(out[out.find("\n{\n") + 1:])   # stdout carries the summary alone, or after other output
 
 
-def _losses(run_dir: str | Path) -> list[float]:
+def losses_of(run_dir: str | Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def _fell(losses: list[float]) -> bool:
+def loss_fell(losses: list[float]) -> bool:
     """The mean loss of the last 5 steps well below that of the first 5."""
     return sum(losses[-5:]) < 0.85 * sum(losses[:5])
-
-
-@pytest.mark.slow
-def test_import_path_model_trains_through_the_cli_in_a_pipeline(ray_session, own_model_dir, data_cache, capsys):
-    # 80 steps: over 40 the loss fell 12-15% depending on the epoch's order, at the edge of _fell's 15%
-    sets = _sets(own_model_dir, data_cache, 80) + ["model.name=mymodels.net:make_spec", "model.options.hidden=64",
-                                                   "parallel.pp_degree=2"]
-    assert main(["train", *(a for s in sets for a in ("--set", s))]) == 0
-    summary = _printed_summary(capsys.readouterr().out)
-    assert summary["layouts"][0]["pp"] == 2 and summary["steps"] == 80
-    assert _fell(_losses(summary["run_dir"])), _losses(summary["run_dir"])
-    saved = json.loads((Path(summary["checkpoint"]) / "raydl_state.json").read_text())["model"]
-    assert saved["name"] == "own_net" and saved["blocks"] == 2
 
 
 @pytest.mark.slow
 def test_import_path_model_trains_through_raydl_train(ray_session, own_model_dir, data_cache):
     summary = raydl.train(overrides=_sets(own_model_dir, data_cache, 40) + ["model.name=mymodels.net:make_spec"])
     assert summary["layouts"][0]["dp"] == 2 and summary["checkpoint"].endswith("step_00000040")
-    assert _fell(_losses(summary["run_dir"])), _losses(summary["run_dir"])
+    assert loss_fell(losses_of(summary["run_dir"])), losses_of(summary["run_dir"])
 
 
 @pytest.mark.slow
@@ -81,7 +69,7 @@ def test_examples_mlp_classifier_by_import_path(ray_session, data_cache, tmp_pat
             "train.eval_batches=2", "telemetry.progress=false"]
     assert main([*command, *(a for s in sets for a in ("--set", s))]) == 0
     summary = _printed_summary(capsys.readouterr().out)
-    assert _fell(_losses(summary["run_dir"])) and summary["eval"]["accuracy"] is not None
+    assert loss_fell(losses_of(summary["run_dir"])) and summary["eval"]["accuracy"] is not None
     assert summary["steps"] == 80 and summary["layouts"][0]["pp"] == 2
 
 
@@ -95,7 +83,7 @@ def test_examples_train_from_python_script(data_cache, tmp_path, on_shared_ray):
                           cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert _fell(_losses(result["run_dir"]))
+    assert loss_fell(losses_of(result["run_dir"]))
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Ctrl-C / SIGTERM: the run checkpoints at its next report, prints how to resume and exits 128 + signal; and each
-command raydl prints (raydl.commands) runs as printed: the resume of a stopped run started with a --set that shapes
-the model, the resume of a failed run, the report of the run it finishes."""
+command raydl prints (raydl.commands) runs as printed: the resume of a failed run started with a --set that shapes
+the model, the resume of that resumed run stopped by Ctrl-C, the report of the run it finishes. (SIGTERM to a
+resumed `raydl train`: tests/ray/test_late_start.py::test_cluster_shut_down_mid_run_is_one_paragraph.)"""
 
 from __future__ import annotations
 
@@ -62,72 +63,99 @@ SETS = ["train.max_steps=100000", "telemetry.report_every=5", "checkpoint.every_
         "data.builtin_samples=4096", "train.eval_batches=2", "telemetry.progress=false"]
 
 
-@pytest.mark.parametrize("launcher, sig", [("ray", signal.SIGINT), ("torchrun", signal.SIGTERM)])
-def test_first_signal_checkpoints_and_says_how_to_resume(launcher, sig, data_cache, tmp_path):
-    # model.options.width: a run whose model is not the default one (issue 35: its resume built the default)
-    sets = [*SETS, f"data.cache_dir={data_cache}", "scaling.min_workers=1", "scaling.max_workers=1",
-            "model.options.width=48"]
-    args = [a for s in sets for a in ("--set", s)]
-    argv = ([RAYDL, "train", *args] if launcher == "ray"
-            else [sys.executable, "-m", "raydl.worker", *args, "--run-dir", str(tmp_path / "runs" / "tr")])
-    proc = start(argv, tmp_path)
+def test_first_signal_checkpoints_and_says_how_to_resume(data_cache, tmp_path):
+    """SIGTERM to `python -m raydl.worker`, the loop torchrun starts (no Ray); Ctrl-C to `raydl train`:
+    test_a_failed_run_resumes_stops_at_ctrl_c_and_finishes_as_printed."""
+    sets = [*SETS, f"data.cache_dir={data_cache}", "scaling.min_workers=1", "scaling.max_workers=1"]
+    proc = start([sys.executable, "-m", "raydl.worker", *[a for s in sets for a in ("--set", s)], "--run-dir",
+                  str(tmp_path / "runs" / "tr")], tmp_path)
     run_dir = first_record_written(tmp_path / "runs", proc, timeout_s=300)
-    proc.send_signal(sig)
+    proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 128 + sig, out[-3000:]
+    assert_stopped_by_first_signal(proc.returncode, out, run_dir, signal.SIGTERM, max_steps=100000)
+
+
+def assert_stopped_by_first_signal(returncode: int, out: str, run_dir: Path, sig: int, max_steps: int) -> dict:
+    """Exit 128 + signal, a checkpoint at the step it stopped, a line that says how to resume and no traceback:
+    the summary."""
+    assert returncode == 128 + sig, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stopped_by_signal"] == sig and 0 < summary["steps"] < 100000
+    assert summary["stopped_by_signal"] == sig and 0 < summary["steps"] < max_steps
     assert summary["checkpoint"] and Path(summary["checkpoint"]).name == f"step_{summary['steps']:08d}"
     # Lines forwarded from Ray's own actors carry "(Name pid=N)"; Ray's shutdown noise is not raydl's output.
     own = [line for line in out.splitlines() if "pid=" not in line]
     assert any("resume" in line for line in own) and not any("Traceback" in line for line in own), out[-3000:]
-    if launcher == "ray":
-        resume_as_printed(printed(out, "raydl train --resume"), run_dir, summary, tmp_path)
+    return summary
 
 
-def resume_as_printed(argv: list[str], run_dir: Path, stopped: dict, cwd: Path) -> None:
-    """The printed command continues the run, its model included, in a new run directory; SIGTERM stops it too."""
-    assert argv == ["raydl", "train", "--resume", str(run_dir)], argv
-    proc = start(argv, cwd)
-    resumed_dir = first_record_written(cwd / "runs", proc, timeout_s=300, besides=run_dir)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
-    assert f"resuming the run of {run_dir} with its config unchanged" in out, out[-3000:]
-    assert yaml.safe_load((resumed_dir / "config.yaml").read_text())["model"]["options"] == {"width": 48}
-    summary = json.loads((resumed_dir / "summary.json").read_text())
-    assert Path(summary["resumed_from"]).resolve() == Path(stopped["checkpoint"]).resolve(), summary
-    assert summary["steps"] > stopped["steps"], summary
-    assert stopped["steps"] < first_step(resumed_dir) <= stopped["steps"] + 5
-    assert printed(out, "raydl train --resume") == ["raydl", "train", "--resume", str(resumed_dir)]
+MAX_STEPS, FAIL_AT, HOLD_AT = 60, 15, 20
 
 
-def test_a_failed_run_resumes_and_reports_as_printed(data_cache, tmp_path):
-    """A worker fails once (debug.fail_at_step) where no failure is retried: one paragraph with the command that
-    resumes it. Run as printed, it finishes (the failure fired already) and prints its report's command, which
-    runs as printed too."""
+def test_a_failed_run_resumes_stops_at_ctrl_c_and_finishes_as_printed(data_cache, tmp_path):
+    """Each command raydl prints, run as printed, on a private Ray: a worker fails once (debug.fail_at_step) where no
+    failure is retried, and one paragraph names the command that resumes the run; resumed, it gets Ctrl-C (held at a
+    step until then, debug.hold_at_step) and names the command that resumes it; resumed again, it finishes (the
+    failure fired already) and names its report's command. model.options.width: a run whose model is not the default
+    one (issue 35: its resume built the default)."""
     ledger = tmp_path / "ledger"
     ledger.mkdir()
     sets = [*SETS, f"data.cache_dir={data_cache}", "scaling.min_workers=1", "scaling.max_workers=1",
-            "train.max_steps=30", "checkpoint.every_steps=10", "scaling.max_failures=0", f"debug.ledger_dir={ledger}",
-            "debug.fail_at_step=15"]
+            "model.options.width=48", f"train.max_steps={MAX_STEPS}", "checkpoint.every_steps=10",
+            "scaling.max_failures=0", f"debug.ledger_dir={ledger}", f"debug.fail_at_step={FAIL_AT}",
+            f"debug.hold_at_step={HOLD_AT}"]
     failed = subprocess.run([RAYDL, "train", *[a for s in sets for a in ("--set", s)]], cwd=tmp_path, env=user_env(),
                             capture_output=True, text=True, timeout=600)
     paragraphs = [line for line in failed.stderr.splitlines() if line.startswith("raydl: error:")]
     assert failed.returncode == 1 and len(paragraphs) == 1, failed.stderr[-3000:]
     paragraph = paragraphs[0]
     assert "the run failed after 0 restart(s)" in paragraph, paragraph
-    assert "injected failure at step 15" in paragraph and "step_00000010" in paragraph, paragraph
+    assert f"injected failure at step {FAIL_AT}" in paragraph and "step_00000010" in paragraph, paragraph
     [run_dir] = (tmp_path / "runs").iterdir()
 
-    resumed = subprocess.run(printed(paragraph, "raydl train --resume"), cwd=tmp_path, env=user_env(),
+    stopped_dir, stopped, out = resume_then_ctrl_c(printed(paragraph, "raydl train --resume"), run_dir, ledger,
+                                                   tmp_path)
+    assert Path(stopped["resumed_from"]).name == "step_00000010" and first_step(stopped_dir) == 11, stopped
+    assert run_dir != stopped_dir
+
+    resumed = subprocess.run(printed(out, "raydl train --resume"), cwd=tmp_path, env=user_env(),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)
-    assert summary["steps"] == 30 and Path(summary["resumed_from"]).name == "step_00000010", summary
-    assert first_step(Path(summary["run_dir"])) == 11 and run_dir != Path(summary["run_dir"])
+    assert summary["steps"] == MAX_STEPS and summary["steps"] > stopped["steps"], summary
+    assert Path(summary["resumed_from"]).resolve() == Path(stopped["checkpoint"]).resolve(), summary
+    assert first_step(Path(summary["run_dir"])) == stopped["steps"] + 1 and stopped_dir != Path(summary["run_dir"])
 
     report = subprocess.run(printed(resumed.stderr, "raydl report"), cwd=tmp_path, env=user_env(),
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "resumed from" in report.stdout, report.stderr[-3000:]
     assert (Path(summary["run_dir"]) / "report.png").is_file()
+
+
+def resume_then_ctrl_c(argv: list[str], run_dir: Path, ledger: Path, cwd: Path) -> tuple[Path, dict, str]:
+    """The printed command continues the run, its model included, in a new run directory; Ctrl-C, sent while it is
+    held after step HOLD_AT, stops it at a later report: its run directory, summary and console."""
+    assert argv == ["raydl", "train", "--resume", str(run_dir)], argv
+    console = cwd / "resumed.out"
+    with console.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=user_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        poll(f"the resumed run held after step {HOLD_AT}",
+             lambda: proc.poll() is not None or any(ledger.glob("held-*")), 300)
+        assert proc.poll() is None, console.read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        # Released once the driver has passed the stop on: the ranks see it at a report soon after, before the end.
+        poll("the driver's stop request",
+             lambda: proc.poll() is not None or "stopping at the next report" in console.read_text(), 60)
+        (ledger / "release").touch()
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()   # the test failed on the way: its private Ray goes with it
+    out = console.read_text()
+    [resumed_dir] = [p.parent for p in (cwd / "runs").glob("*/metrics.jsonl") if p.parent != run_dir]
+    stopped = assert_stopped_by_first_signal(proc.returncode, out, resumed_dir, signal.SIGINT, max_steps=MAX_STEPS)
+    assert stopped["steps"] > HOLD_AT, stopped
+    assert f"resuming the run of {run_dir} with its config unchanged" in out, out[-3000:]
+    assert yaml.safe_load((resumed_dir / "config.yaml").read_text())["model"]["options"] == {"width": 48}
+    assert printed(out, "raydl train --resume") == ["raydl", "train", "--resume", str(resumed_dir)]
+    return resumed_dir, stopped, out
