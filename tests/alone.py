@@ -1,8 +1,7 @@
 """Test modules marked `alone` run with no other Ray test beside them when pytest-xdist runs two test processes.
 
 Their multi-node Ray clusters on this machine time node losses against Ray's own clocks (the survivors' Lighthouse
-timeouts, the fake autoscaler's idle timeout). The fault, restart-from-memory and shared-storage modules were alone
-until 2026-11-29: beside another process's Ray runs (load 7-9 on 2 cores) a node-added run started at 2 workers and
+timeouts). The fault, restart-from-memory, shared-storage and autoscaler modules were alone until 2026-11-29: beside another process's Ray runs (load 7-9 on 2 cores) a node-added run started at 2 workers and
 a drained node's run failed (2026-11-27), the change coming too late; their runs now hold at a known step until the
 change has happened (debug.hold_at_step), and the suite is CPU-bound, so running them alone bought no time. Every
 other Ray test holds a shared lock while it runs; an `alone` module holds the lock exclusively from its first

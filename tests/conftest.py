@@ -54,9 +54,9 @@ def _test_beside_others(request):
         yield
 
 
-# The alone modules, longest first (5.5 and 1.5 min on a quiet 2-core machine, 2026-11-28); the unit tests run beside
-# the first.
-ALONE_ORDER = ("test_survivors", "test_autoscale")
+# The alone modules, longest first (test_survivors: 5.5 min on a quiet 2-core machine, 2026-11-28); the unit tests run
+# beside the first.
+ALONE_ORDER = ("test_survivors",)
 # The other modules handed out longest first (CPU-s by cgroup, 2026-11-29), so that no process is left with a long one at
 # the end while the other waits: the rest in collection order after them.
 LONGEST_FIRST = ("test_docs", "test_faults", "test_restart_from_memory", "test_s3_e2e", "test_late_start", "test_console",
