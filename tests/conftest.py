@@ -36,9 +36,13 @@ def _alone(request) -> bool:
 
 @pytest.fixture(scope="module", autouse=True)
 def _module_alone(request):
-    """An `alone` module holds the test lock exclusively from its first fixture to its last (tests/alone.py)."""
+    """An `alone` module holds the test lock exclusively from its first fixture to its last (tests/alone.py). The
+    module fixtures it names in BEFORE_ALONE (work that needs no lock, such as a fault-free reference in forked gloo
+    ranks) are made first, beside the other process's tests, instead of in the alone phase."""
     from tests.alone import holding
 
+    for name in getattr(request.module, "BEFORE_ALONE", ()):
+        request.getfixturevalue(name)
     with holding(exclusive=True) if _alone(request) else contextlib.nullcontext():
         yield
 

@@ -37,6 +37,21 @@ STEPS, EVERY = 240, 100   # 4 epochs; a full restart would redo up to 99 steps
 SAME_LOSS_UNTIL = 130
 
 
+def kill_overrides(data_cache) -> list[str]:
+    return [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={STEPS}",
+            f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
+            "telemetry.progress=false", "scaling.max_failures=2"]   # the survivors path by default
+
+
+BEFORE_ALONE = ("kill_reference",)   # tests/conftest.py: made before the module takes the lock
+
+
+@pytest.fixture(scope="module")
+def kill_reference(data_cache, tmp_path_factory) -> dict:
+    """The killed-worker run's fault-free run (forked gloo ranks; no Ray, no lock needed)."""
+    return reference_run(tmp_path_factory.mktemp("reference") / "run", kill_overrides(data_cache))
+
+
 @pytest.fixture(scope="module")
 def cluster():
     c = FaultCluster()
@@ -44,7 +59,7 @@ def cluster():
     c.shutdown()
 
 
-def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, data_cache, tmp_path):
+def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, data_cache, tmp_path, kill_reference):
     """The default run (scaling.survivors=auto, not set here) keeps its survivor. A process burning a core runs beside the run until the kill: no worker is declared lost before it (the
     Lighthouse's timeouts: raydl.driver.ray_trainer.survivors_backend). The loss and the join are on the run's
     record: a console line naming the killed worker and what happens now, summary.json's `members` and the step
@@ -52,9 +67,7 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
     from raydl.driver.member_watch import PROCESS_ENDED
 
     cluster.resize(1)
-    overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={STEPS}",
-                 f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
-                 "telemetry.progress=false", "scaling.max_failures=2"]   # the survivors path by default
+    overrides = kill_overrides(data_cache)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     run = ledger_run(tmp_path, overrides, cluster.address).start()
     try:
@@ -99,7 +112,7 @@ def test_a_killed_worker_is_replaced_while_the_other_keeps_its_process(cluster, 
     assert f"worker {lost['rank']} joined the others at step" in console, console
     # Every step takes the same rows as the fault-free run's (one worker or two), so its loss is the same but for
     # the order of the sums: the step redone, the steps at one worker and those after the join.
-    want = reference_run(tmp_path / "reference", overrides)["losses"]
+    want = kill_reference["losses"]
     losses = {r["step"]: r["loss"] for r in run.records()}   # a step redone: its last record
     assert all(losses[s] == pytest.approx(want[s], abs=1e-3) for s in range(1, SAME_LOSS_UNTIL + 1)), \
         [(s, losses[s], want[s]) for s in range(1, SAME_LOSS_UNTIL + 1) if abs(losses[s] - want[s]) > 1e-3]
