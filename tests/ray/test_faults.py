@@ -133,22 +133,25 @@ def assert_same_result(summary: dict, reference: dict) -> None:
 
 
 def assert_resumed_like_reference(run: Run, summary: dict, reference: dict) -> None:
-    """The checks above, for a run whose layout changed at its first restart."""
+    """The checks above, for a run whose layout changed at each restart (one or more)."""
     assert summary["steps"] == reference["steps"] and summary["samples"] == reference["samples"]
     records, want = run.records(), reference["losses"]
-    resumed = summary["restarts"][0]["resumed_at_step"]
+    resumed = [r["resumed_at_step"] for r in summary["restarts"]]
+    # Each restart resumed past the one before: the last record of each step after a restart is the new group's.
+    assert resumed == sorted(set(resumed)), summary["restarts"]
     for r in records:
-        if r["step"] <= resumed:
+        if r["step"] <= resumed[0]:
             assert r["loss"] == pytest.approx(want[r["step"]], rel=1e-6), (r["step"], r["loss"], want[r["step"]])
-    first = [r for r in records if r["step"] == resumed + 1][-1]      # the redone step of the new group
-    log(f"first step after the restart ({first['step']}, {first['world_size']} workers): loss {first['loss']:.7f} "
-        f"vs fault-free {want[first['step']]:.7f}")
-    assert first["loss"] == pytest.approx(want[first["step"]], rel=RESUME_TOLERANCE)
-    after = {r["step"]: r["loss"] for r in records if r["step"] > resumed}   # a step redone: its last record
+    for at in resumed:
+        first = [r for r in records if r["step"] == at + 1][-1]      # the redone step of the new group
+        log(f"first step after the restart ({first['step']}, {first['world_size']} workers): loss {first['loss']:.7f} "
+            f"vs fault-free {want[first['step']]:.7f}")
+        assert first["loss"] == pytest.approx(want[first["step"]], rel=RESUME_TOLERANCE)
+    after = {r["step"]: r["loss"] for r in records if r["step"] > resumed[0]}   # a step redone: its last record
     worst = max(abs(loss / want[s] - 1) for s, loss in after.items())
-    log(f"steps {resumed + 1}-{max(after)} after the restart: at most {worst:.1e} from the fault-free losses "
+    log(f"steps {resumed[0] + 1}-{max(after)} after the first restart: at most {worst:.1e} from the fault-free losses "
         f"(final {summary['final_loss']:.4f} vs {reference['final_loss']:.4f})")
-    assert sorted(after) == list(range(resumed + 1, summary["steps"] + 1)), sorted(after)
+    assert sorted(after) == list(range(resumed[0] + 1, summary["steps"] + 1)), sorted(after)
     assert worst <= RESUME_TOLERANCE, [(s, loss, want[s]) for s, loss in after.items()
                                        if abs(loss / want[s] - 1) > RESUME_TOLERANCE]
 
@@ -275,28 +278,6 @@ def test_five_worker_deaths_partial_and_corrupt_checkpoints_lose_nothing(cluster
         shutil.rmtree(partial, ignore_errors=True)   # a SIGKILLed worker cannot clean up its temp dir
 
 
-# ---------------------------------------------------------------------------------------------------- 3
-def test_node_lost_without_notice_shrinks_and_continues(cluster, run_on, reference, data_cache):
-    cluster.resize(1)
-    run = run_on("scaling.min_workers=1", "scaling.max_workers=2", "scaling.max_failures=1")
-    run.wait_step(27, deadline_s=240)
-    at, t_loss, registered = run.step(), time.monotonic(), newest_registered(run.run_dir)
-    cluster.remove(cluster.nodes[0], graceful=False)
-    run.wait_for("training at 1 worker", lambda: run.world_size() == 1 and run.step() > at, 240)
-    log(f"node lost at step {at}: {time.monotonic() - t_loss:.1f} s to a reported step at 1 worker")
-    summary = run.finish()
-
-    assert summary["world_sizes"] == [2, 1], summary["world_sizes"]
-    assert [(x["world_size"], x["dp"], x["pp"]) for x in summary["layouts"]] == [(2, 2, 1), (1, 1, 1)]
-    [restart] = summary["restarts"]
-    # From the newest checkpoint Ray had registered when the node went, or a newer one (not a step count: the last
-    # reports may not be registered yet; 10 steps redone in one run, 5 in others).
-    assert restart["cause"].startswith("rank ") and restart["resumed_at_step"] % EVERY == 0, restart
-    assert registered <= restart["resumed_at_step"] == restart["step"] - restart["steps_redone"], (registered, restart)
-    assert_exactly_once(run, data_cache)
-    assert_resumed_like_reference(run, summary, reference)
-
-
 def add_node_and_wait(cluster, run, *, workers: int) -> None:
     """Add a node, then wait until the run reports a step at `workers` workers; then let it go on (a group that
     resumed before HOLD holds there again after reporting it)."""
@@ -307,21 +288,46 @@ def add_node_and_wait(cluster, run, *, workers: int) -> None:
     release(run)
 
 
-# ---------------------------------------------------------------------------------------------------- 2
-def test_node_added_run_grows_onto_it(cluster, run_on, references, data_cache):
+def lose_node_without_notice(cluster, run, *, after_step: int) -> int:
+    """Kill the worker node (as a crashed machine) once the 2-worker run reports `after_step`, then wait for a step
+    at 1 worker; returns the newest checkpoint Ray had registered when the node went."""
+    run.wait_step(after_step, deadline_s=240)
+    at, t_loss, registered = run.step(), time.monotonic(), newest_registered(run.run_dir)
+    assert run.world_size() == 2, run.records()[-1]   # the loss hits the grown group
+    cluster.remove(cluster.nodes[0], graceful=False)
+    run.wait_for("training at 1 worker", lambda: run.world_size() == 1 and run.step() > at, 240)
+    log(f"node lost at step {at}: {time.monotonic() - t_loss:.1f} s to a reported step at 1 worker")
+    return registered
+
+
+# ---------------------------------------------------------------------------------------------------- 2, 3
+def test_node_added_then_lost_without_notice_grows_and_shrinks(cluster, run_on, references, data_cache):
+    """One run (two tests of one kind of run, merged: issue 34): a node added while the run holds at HOLD on the
+    head alone, the run grows onto it; later that node lost without notice, mid-interval (2 steps past the step-40
+    checkpoint), and the run shrinks back to 1 worker and continues."""
     cluster.resize(0)
-    run = run_on("scaling.min_workers=1", "scaling.max_workers=2", "scaling.resize_check_s=5",
+    # Ray's resize checks at raydl's default interval (30 s), not the 5 s of the other growth test: a check in the
+    # second after the node loss would see the node gone and resize before the surviving rank's error is heard (the
+    # restart's cause then "resize 2 -> 1 workers", seen once in two runs at 5 s). The growth waits for the next
+    # check; the run holds meanwhile, in sleep.
+    run = run_on("scaling.min_workers=1", "scaling.max_workers=2", "scaling.max_failures=1",
                  f"debug.hold_at_step={HOLD}")
     held(run, 1)
     add_node_and_wait(cluster, run, workers=2)
+    registered = lose_node_without_notice(cluster, run, after_step=42)
     summary = run.finish()
 
-    assert summary["world_sizes"] == [1, 2], summary["world_sizes"]
-    assert [(x["world_size"], x["dp"], x["pp"], x["num_microbatches"]) for x in summary["layouts"]] == \
-        [(1, 1, 1, 2), (2, 2, 1, 1)]                 # the global batch stays 64: 1 x 2 x 32, then 2 x 1 x 32
-    [restart] = summary["restarts"]
-    assert restart["cause"] == "resize 1 -> 2 workers" and restart["steps_redone"] <= 10, restart
-    assert restart["step"] == HOLD, restart          # the held group trained no further
+    assert summary["world_sizes"] == [1, 2], summary["world_sizes"]   # each size once, in order: the layouts say "back"
+    layouts = [(x["world_size"], x["dp"], x["pp"], x["num_microbatches"]) for x in summary["layouts"]]
+    assert layouts[:2] == [(1, 1, 1, 2), (2, 2, 1, 1)], layouts   # the global batch stays 64: 1 x 2 x 32, 2 x 1 x 32
+    assert layouts[1:] == [(2, 2, 1, 1), (1, 1, 1, 2)], layouts   # and back at the loss
+    grown, lost = summary["restarts"]
+    assert grown["cause"] == "resize 1 -> 2 workers" and grown["steps_redone"] <= 10, grown
+    assert grown["step"] == HOLD, grown          # the held group trained no further
+    # From the newest checkpoint Ray had registered when the node went, or a newer one (not a step count: the last
+    # reports may not be registered yet; 10 steps redone in one run, 5 in others).
+    assert lost["cause"].startswith("rank ") and lost["resumed_at_step"] % EVERY == 0, lost
+    assert registered <= lost["resumed_at_step"] == lost["step"] - lost["steps_redone"], (registered, lost)
     assert_exactly_once(run, data_cache)
     assert_resumed_like_reference(run, summary, references(nproc=1))
 
