@@ -109,7 +109,7 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
         # Started small and grew onto the new node; or, when the fake node came up before the first worker group
         # was placed (a race with the autoscaler's 1 s updates, seen once in CI), started at 2 on it. Either way the
         # job's request grew the cluster and the run trained on the added node (the 1 -> 2 resize itself is
-        # test_faults' test_node_added_run_grows_onto_it).
+        # test_faults' test_node_added_then_lost_without_notice_grows_and_shrinks).
         assert summary["world_sizes"] in ([1, 2], [2]), summary["world_sizes"]
         assert times["node_added"] < times["world_size_2"], times
         assert all(r["step"] == HOLD for r in summary["restarts"]), summary["restarts"]   # the held group went no further
