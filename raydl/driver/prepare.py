@@ -74,8 +74,8 @@ def prepare_run(cfg: JobConfig, *, resume: str | None = None, run_dir: str | Pat
     if write and chosen.spec.blocks:
         chosen.check_blocks(info.meta)
     trained = lora_base.adapted(chosen, info.meta, cfg, built)
-    check_layout(cfg, num_blocks=len(built.blocks), model_memory=model_memory(trained, chosen.spec, info.meta),
-                 local=not cluster, launcher=launcher)
+    memory = model_memory(trained, chosen.spec, info.meta, activations=checks_memory(cfg, local=not cluster))
+    check_layout(cfg, num_blocks=len(built.blocks), model_memory=memory, local=not cluster, launcher=launcher)
     # torchrun restarts its whole group itself; under Ray a data-parallel layout may keep its survivors going.
     path = recovery.choose(cfg, torchft=recovery.torchft_installed()) if launcher == "ray" else None
     init_checkpoint = init_from.resolve(cfg, built, info.meta)
@@ -151,6 +151,12 @@ def remove_if_never_started(run_dir: Path) -> bool:
     return True
 
 
+def checks_memory(cfg: JobConfig, *, local: bool) -> bool:
+    """Whether `check_layout` predicts the layout's peak memory: there is a budget to hold it to (this machine's
+    for local workers, else scaling.memory_per_worker_gb) and the layout is not planned on the workers."""
+    return not needs_profile(cfg) and (local or cfg.scaling.memory_per_worker_gb > 0)
+
+
 def check_layout(cfg: JobConfig, *, num_blocks: int, model_memory: ModelMemory | None = None, local: bool = True,
                  launcher: str = "ray") -> None:
     """Fail on the driver (exit 2) for a layout no worker group could run, at every allowed size: torch would
@@ -159,7 +165,7 @@ def check_layout(cfg: JobConfig, *, num_blocks: int, model_memory: ModelMemory |
     if needs_profile(cfg):
         return   # planned on the workers, from a profile measured on their devices
     device = torch.device("cuda" if cfg.scaling.use_gpu != "false" and torch.cuda.is_available() else "cpu")
-    known = model_memory is not None and (local or cfg.scaling.memory_per_worker_gb > 0)
+    known = model_memory is not None and checks_memory(cfg, local=local)
     for world_size in sorted({cfg.scaling.min_workers, cfg.scaling.max_workers}):
         on_host = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if launcher == "torchrun" else world_size
         budget = memory_budget(cfg, device, on_host) if known else 0

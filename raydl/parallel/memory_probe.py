@@ -26,15 +26,19 @@ __all__ = ["model_memory", "from_profile"]
 log = logging.getLogger(__name__)
 
 
-def model_memory(model: BlockModel, spec: ModelSpec, meta: dict[str, Any]) -> ModelMemory:
+def model_memory(model: BlockModel, spec: ModelSpec, meta: dict[str, Any], *,
+                 activations: bool = True) -> ModelMemory:
     """Per block: fp32 parameter bytes, the largest tensor, and (when the model is on meta and its forward runs
-    there) the activation and output bytes of one sample."""
+    there) the activation and output bytes of one sample. `activations=False` skips that forward, for a caller
+    that uses only the parameters: torch's meta kernels import torch._dynamo and sympy, a CPU-second or more."""
     sizes = [(name, _param_bytes(block), _largest(block), _param_bytes(block, trainable=True))
              for name, block in model.blocks.items()]
     tied = sum(_param_bytes(block) for block in model.blocks.values()) - _param_bytes(model)
     by_chunks = chunked(spec.loss, model)
-    with head_output(model, hidden=by_chunks):   # as the step runs it (raydl.models.loss.model_loss)
-        counted = _meta_activations(model, spec, meta) if _on_meta(model) else None
+    counted = None
+    if activations and _on_meta(model):
+        with head_output(model, hidden=by_chunks):   # as the step runs it (raydl.models.loss.model_loss)
+            counted = _meta_activations(model, spec, meta)
     if counted is None:
         return ModelMemory(tuple(BlockMemory(n, p, 0.0, 0.0, t, g) for n, p, t, g in sizes), activations_known=False,
                            tied_bytes=tied)

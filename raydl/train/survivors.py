@@ -37,14 +37,16 @@ import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from raydl.config import JobConfig
 from raydl.data.order import DataPosition
 from raydl.parallel.batching import batch_split
 from raydl.parallel.layout import Layout
-from raydl.train.step import StepStats
+
+if TYPE_CHECKING:   # its module loads FSDP (DTensor, sympy): a CPU-second of the driver, which reads only TIMEOUT here
+    from raydl.train.step import StepStats
 
 log = logging.getLogger(__name__)
 
