@@ -15,10 +15,9 @@ import pytest
 
 from raydl.overrides import build_config
 from raydl.telemetry.startup import ORDER
-from tests.docs_blocks import REPO, page_blocks
-from tests.helpers import not_raydls
-from tests.docs_run import checkout_like
+from tests.docs_run import blocks_tested_by, checkout_like
 from tests.docs_run import run as run_as_documented
+from tests.helpers import not_raydls
 from tests.ray.test_own_model import loss_fell, losses_of
 
 
@@ -27,7 +26,7 @@ SURVIVORS_PATH = "a worker that dies: the others go on, its replacement copies a
 
 def documented_command(page: str, test: str) -> str:
     """The one command of `page`'s block marked `tested by` `test`: the page's own, by construction."""
-    [command] = [c for block in page_blocks(REPO / page) if block.tested_by == test for c in block.commands]
+    [command] = [c for block in blocks_tested_by(page, test) for c in block.commands]
     return command
 
 
