@@ -12,11 +12,19 @@ import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-if os.environ.get("PYTEST_XDIST_WORKER"):   # each test process its own (Ray's "auto" reads the last cluster there)
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix=f"raydl-ray-{os.environ['PYTEST_XDIST_WORKER']}-")
-os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="raydl-ray-"))
+# Each test process its own Ray temp dir (Ray's "auto" reads the last cluster there), removed when the process ends
+# (pytest_unconfigure): left behind, every run's Ray logs and spilled objects stayed on the machine's disk.
+MADE_RAY_TMPDIR = None
+if os.environ.get("PYTEST_XDIST_WORKER") or "RAY_TMPDIR" not in os.environ:
+    MADE_RAY_TMPDIR = tempfile.mkdtemp(prefix=f"raydl-ray-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    os.environ["RAY_TMPDIR"] = MADE_RAY_TMPDIR
 os.makedirs(os.path.join(os.environ["RAY_TMPDIR"], "ray"), exist_ok=True)
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+# Ray refuses to spill objects, and every raylet prints an error on every driver's console each 10 s, once the disk
+# of its temp dir is 95% full (Ray's local_fs_capacity_threshold): on CI's 252 GB disk that is 12.6 GB still free,
+# and stop 48's CI failed three tests with 8.1 GB free (an OutOfDiskError spilling 157 MB; the raylet's line in two
+# commands' stderr). The suite's Rays need far less than the 2.5 GB that 99% leaves.
+os.environ.setdefault("RAY_local_fs_capacity_threshold", "0.99")
 # Where the shell sets PYTHONDONTWRITEBYTECODE (this workplace's does), every process the tests start (each Ray worker
 # and actor, each `raydl` and torchrun rank) compiled raydl's modules again: a Train worker's imports took 2.9-3.1
 # CPU-s so, 2.7 from the compiled files (2026-11-29), and the suite starts hundreds of such processes.
@@ -90,6 +98,13 @@ def pytest_configure(config):
     from tests.cpu_watch import join_own_cgroup
 
     join_own_cgroup()
+
+
+def pytest_unconfigure(config):
+    if MADE_RAY_TMPDIR:   # after the session's fixtures, the session Ray's shutdown among them
+        import shutil
+
+        shutil.rmtree(MADE_RAY_TMPDIR, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
