@@ -25,6 +25,17 @@ os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 # and stop 48's CI failed three tests with 8.1 GB free (an OutOfDiskError spilling 157 MB; the raylet's line in two
 # commands' stderr). The suite's Rays need far less than the 2.5 GB that 99% leaves.
 os.environ.setdefault("RAY_local_fs_capacity_threshold", "0.99")
+# An idle Ray costs CPU: the session Ray of each test process idled at 7.1% of a core, 4.2% with these (cgroup, 60 s,
+# quiet, 2026-12-06), and the suite keeps two alive for its whole run besides its private Rays and clusters. Nothing
+# in the suite reads what they turn off: Ray's metrics (its Prometheus export; raydl records its own metrics), the
+# dashboard agent's per-process stats every 5 s, two idle workers prestarted for the session's driver (never used:
+# every run's actors ask for their own runtime env), and the log monitor's glob of the whole logs directory every
+# 0.1 s (a stat per file, which grows with every worker that ever ran), now once a second. A new worker's log file is
+# still found within a second of its start and read from its first line.
+for knob, value in (("RAY_enable_metrics_collection", "0"), ("REPORTER_UPDATE_INTERVAL_MS", "60000"),
+                    ("RAY_prestart_worker_first_driver", "0"), ("RAY_enable_worker_prestart", "0"),
+                    ("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0"), ("LOG_NAME_UPDATE_INTERVAL_S", "1")):
+    os.environ.setdefault(knob, value)
 # Where the shell sets PYTHONDONTWRITEBYTECODE (this workplace's does), every process the tests start (each Ray worker
 # and actor, each `raydl` and torchrun rank) compiled raydl's modules again: a Train worker's imports took 2.9-3.1
 # CPU-s so, 2.7 from the compiled files (2026-11-29), and the suite starts hundreds of such processes.

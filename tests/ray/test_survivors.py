@@ -228,12 +228,15 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     meanwhile), and then the survivor fails (debug.fail_at_step, at world size 1): the run ends within seconds
     with the survivor's error (raydl.driver.finished_watch), not never. Meanwhile the survivor went on
     checkpointing alone every 5 steps (Ray's report would wait for the missing worker), keeping
-    `checkpoint.keep` of those: the run's newest checkpoint is step 95, not the last one before the loss."""
+    `checkpoint.keep` of those: the run's newest checkpoint is step 35, not the last one before the loss."""
     from raydl.driver.run_location import checkpoints_location
     from raydl.train import checkpoint as ckpt
 
     cluster.resize(1)
-    fail_at = 100   # far enough past the loss (at step 10) that only the survivor, alone, reaches it
+    # Past the loss (at step 10, the other worker's node killed at once) by more than the steps a loaded machine does
+    # before the node is gone, so that only the survivor, alone, reaches it. Until 2026-12-06 step 100: 90 steps alone
+    # while Ray's GCS retried the lost bundle at ~40% of a core (ray-project/ray#65007), in the suite's alone phase.
+    fail_at = 40
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=400",
                  "checkpoint.every_steps=5", "telemetry.report_every=5", "train.eval_batches=2",
                  "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2",
@@ -243,7 +246,7 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
         run.wait_step(10, deadline_s=300)
         cluster.remove(cluster.nodes[0], graceful=False)   # one worker's node; no other node has room
         failed = ledger(run) / f"failed-at-{fail_at}"
-        run.wait_for("the survivor's failure", failed.exists, 300)   # 90 steps alone: 120 s was too few at load ~10
+        run.wait_for("the survivor's failure", failed.exists, 300)   # 90 steps alone took over 120 s at load ~10
         try:
             rc = run.proc.wait(60)
         except subprocess.TimeoutExpired:
