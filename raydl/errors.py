@@ -7,13 +7,30 @@ traceback means a bug in raydl, not in the user's input.
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 
 from raydl import commands
+
+# Run once an error's paragraph is on stderr: raydl.driver.cluster_watch's child then knows it need not say it again.
+_AFTER_SAID: list[Callable[[], None]] = []
 
 
 def one_line(error: BaseException) -> str:
     """A library's error message on one line (Arrow's and Ray's run over several), for a one-paragraph error."""
     return " ".join(str(error).split())
+
+
+def after_said(hook: Callable[[], None]) -> None:
+    _AFTER_SAID.append(hook)
+
+
+def say(error: RaydlError) -> int:
+    """Print the error's one paragraph on stderr; its exit code."""
+    print(f"raydl: error: {error}", file=sys.stderr, flush=True)
+    for hook in _AFTER_SAID:
+        hook()
+    return error.exit_code
 
 
 class RaydlError(Exception):

@@ -20,7 +20,7 @@ from pathlib import Path
 from raydl import log as raydl_log
 from raydl.cli import add_verbosity_args
 from raydl.driver.prepare import prepare_run
-from raydl.errors import RaydlError
+from raydl.errors import RaydlError, say
 from raydl.driver.resume import resumed_tree
 from raydl.overrides import apply_overrides, build_config, read_yaml
 from raydl.telemetry.profiler import print_table
@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                           run_dir=args.run_dir or Path(cfg.run.runs_dir) / f"{cfg.run.name}-torchrun")
         train_worker(run.job)
     except RaydlError as e:   # bad input, or found mid-run (a corrupt shard): the last checkpoint stays
-        print(f"raydl: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
     summary = json.loads((run.run_dir / "summary.json").read_text()) if rank0 else {}
     if rank0:
         print_table(run.run_dir)

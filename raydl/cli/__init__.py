@@ -19,7 +19,7 @@ import sys
 
 from raydl import log
 from raydl.cli import output
-from raydl.errors import RaydlError
+from raydl.errors import RaydlError, say
 
 COMMANDS = ("train", "config", "plan", "data", "sweep", "submit", "jobs", "bench", "export", "generate", "report",
             "profile")
@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         with output.results_only() if args.command in RESULT_COMMANDS else contextlib.nullcontext():
             return args.func(args) or 0
     except RaydlError as e:
-        print(f"raydl: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
     except KeyboardInterrupt:
         print("raydl: interrupted", file=sys.stderr)
         return 130

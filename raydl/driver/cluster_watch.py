@@ -12,9 +12,14 @@ nothing reaches the console). No handler in this process can run after that. Two
 - a small child process (`python -m raydl.driver.cluster_watch`) holds a pipe from this process. If the
   pipe closes without this process having said "done" or "said" (Ray's `_Exit` won the race with the
   thread), and the raylet then stops answering, the child prints the same paragraph on the stderr both
-  share. The exit code, 1, is Ray's already. A run that ends in an error tells "done" at interpreter
-  exit, after the CLI has printed it. Signals sent to the group (Ctrl-C, a job stop) do not stop the
-  child: it ends when the pipe closes.
+  share. The exit code, 1, is Ray's already. A run that ends in an error tells "said" the moment the CLI has
+  printed its paragraph (`raydl.errors.say`), not at interpreter exit: once the raylet is gone, Ray's core
+  worker may `_Exit` the process in between, and the child would say the cluster's paragraph a second time
+  (CI, 2026-12-06). Signals sent to the group (Ctrl-C, a job stop) do not stop the child: it ends when the
+  pipe closes.
+
+The thread and the run's end take one lock: once the run has ended (its error is the CLI's to say), the thread
+says nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import threading
 import time
 
 from raydl import commands
+from raydl.errors import after_said
 
 POLL_S = 0.1   # a race with the core worker's own exit (see above): a local TCP connect costs ~0.1 ms
 PROBE_TIMEOUT_S = 1.0
@@ -65,13 +71,18 @@ class ClusterWatch:
     def __init__(self, run_dir: str, address: str | None, exit_code: int):
         self.run_dir, self.address, self.exit_code = run_dir, address, exit_code
         self._stop = threading.Event()
+        self._ending = threading.Lock()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="raydl-raylet-watch")
 
     def __enter__(self) -> "ClusterWatch":
         import ray
 
         here = ray.get_runtime_context().get_node_id()
-        self.node = next(node for node in ray.nodes() if node["NodeID"] == here)
+        return self.start(next(node for node in ray.nodes() if node["NodeID"] == here))
+
+    def start(self, node: dict) -> "ClusterWatch":
+        """Watch `node`'s raylet (a ray.nodes() entry: the one this driver runs on)."""
+        self.node = node
         self._child = subprocess.Popen(
             [sys.executable, "-m", "raydl.driver.cluster_watch", self.node["NodeManagerAddress"],
              str(self.node["NodeManagerPort"]), self.run_dir, self.address or ""], stdin=subprocess.PIPE)
@@ -79,11 +90,13 @@ class ClusterWatch:
         return self
 
     def __exit__(self, exc_type, *_) -> None:
-        self._stop.set()
+        with self._ending:
+            self._stop.set()
         if exc_type is None:
             self._tell(DONE)
             self._child.wait(timeout=30)
-        else:   # the error is said by the caller (raydl's CLI) after this: "done" once it has been
+        else:   # the error is said by the caller (raydl's CLI) after this; a traceback's at exit
+            after_said(lambda: self._tell(SAID))
             atexit.register(self._tell, DONE)
 
     def _tell(self, word: bytes) -> None:
@@ -102,9 +115,12 @@ class ClusterWatch:
                 continue
             silent_since = silent_since or time.monotonic()
             if time.monotonic() - silent_since >= GONE_AFTER_S:
-                self._tell(SAID)
-                print(f"raydl: error: {self._message()}", file=sys.stderr, flush=True)
-                os._exit(self.exit_code)
+                with self._ending:
+                    if self._stop.is_set():   # the run ended meanwhile: its own error says why
+                        return
+                    self._tell(SAID)
+                    print(f"raydl: error: {self._message()}", file=sys.stderr, flush=True)
+                    os._exit(self.exit_code)
 
     def _message(self) -> str:
         return cluster_lost_message(self.run_dir, self.address, CAUSE)

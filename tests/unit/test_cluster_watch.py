@@ -81,3 +81,28 @@ def test_the_run_ends_only_when_its_raylet_stays_silent(tmp_path, silent_s, gone
         assert "still running" not in p.stdout
     else:
         assert p.returncode == 0 and "still running" in p.stdout and "raydl: error" not in p.stderr, p
+
+
+ENDS_IN_AN_ERROR_THEN_RAY_EXITS = """
+import os, socket, sys, time
+from raydl.driver import cluster_watch
+from raydl.errors import ClusterLost, say
+closed = socket.socket(); closed.bind(("127.0.0.1", 0))       # refusing from the start: the head was stopped
+watch = cluster_watch.ClusterWatch(sys.argv[1], "10.0.0.9:6379", exit_code=1)
+watch.start({"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": closed.getsockname()[1]})   # as __enter__, no Ray
+lost = ClusterLost("the Ray cluster at 10.0.0.9:6379 went away during the run: Ray Train's controller died")
+watch.__exit__(ClusterLost, lost, None)   # as the run's `with` block, left by the controller's death
+code = say(lost)                          # raydl's CLI
+time.sleep(cluster_watch.GONE_AFTER_S + 1)   # the thread would have said it by now
+os._exit(code)   # Ray's core worker ends the process before atexit (the plasma store is gone)
+"""
+
+
+@pytest.mark.slow   # a child process that imports torch (the paragraph names the last checkpoint)
+def test_a_run_that_ended_in_the_clis_error_gets_no_second_paragraph(tmp_path):
+    """CI, 2026-12-06: the controller's death was said, then Ray's _Exit came before atexit told the child, and
+    the child said the raylet's paragraph too."""
+    p = subprocess.run([sys.executable, "-c", ENDS_IN_AN_ERROR_THEN_RAY_EXITS, str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    said = [line for line in p.stderr.splitlines() if line.startswith("raydl: error:")]
+    assert p.returncode == 1 and len(said) == 1 and "controller died" in said[0], p
