@@ -6,7 +6,6 @@ CPU (oneDNN capped below AMX, see shared/PIPELINE_NOTES.md 0), Ray kept in its o
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 
@@ -49,55 +48,21 @@ import torch
 torch.set_num_threads(1)
 
 
-def _alone(request) -> bool:
-    return request.node.get_closest_marker("alone") is not None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _module_alone(request):
-    """An `alone` module holds the test lock exclusively from its first fixture to its last (tests/alone.py). The
-    module fixtures it names in BEFORE_ALONE (work that needs no lock, such as a fault-free reference in forked gloo
-    ranks) are made first, beside the other process's tests, instead of in the alone phase."""
-    from tests.alone import holding
-
-    for name in getattr(request.module, "BEFORE_ALONE", ()):
-        request.getfixturevalue(name)
-    with holding(exclusive=True) if _alone(request) else contextlib.nullcontext():
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _test_beside_others(request):
-    """Every other Ray test, and every gloo/torchrun test (tests/dist: the cores' load), holds it shared while it
-    runs; a unit test runs beside anything."""
-    from tests.alone import holding
-
-    beside = not _alone(request) and request.node.path.parent.name in ("ray", "dist")
-    with holding(exclusive=False) if beside else contextlib.nullcontext():
-        yield
-
-
-# The alone modules, longest first (test_survivors: 5.5 min on a quiet 2-core machine, 2026-11-28); the unit tests run
-# beside the first.
-ALONE_ORDER = ("test_survivors",)
-# The other modules handed out longest first (CPU-s by cgroup, 2026-11-29), so that no process is left with a long one at
-# the end while the other waits: the rest in collection order after them.
-LONGEST_FIRST = ("test_docs", "test_faults", "test_restart_from_memory", "test_s3_e2e", "test_late_start", "test_console",
-                 "test_data_ledger", "test_train_e2e", "test_stop", "test_jobs_submit", "test_own_model")
+# The Ray and gloo modules handed out longest first (CPU-s by cgroup, 2026-12-06), so that no process is left with a long
+# one at the end while the other waits: the rest in collection order after them, then the unit tests, short ones that
+# even out the two processes' ends.
+LONGEST_FIRST = ("test_faults", "test_survivors", "test_docs", "test_restart_from_memory", "test_s3_e2e",
+                 "test_late_start", "test_console", "test_data_ledger", "test_train_e2e", "test_stop", "test_jobs_submit",
+                 "test_own_model")
 
 
 def pytest_collection_modifyitems(items):
     """Under xdist (--dist loadfile, --no-loadscope-reorder) a module's tests stay in one process (its module-scoped
-    cluster, job server or references are built once), handed out in this order: the other Ray and gloo tests, two
-    at a time, the longest first; then the alone modules, the unit tests right after the first, which the other
-    process runs beside it."""
-    alone, unit, other = [], [], []
-    for item in items:
-        (alone if item.get_closest_marker("alone") else unit if item.path.parent.name == "unit" else other).append(item)
-    alone.sort(key=lambda i: ALONE_ORDER.index(i.path.stem) if i.path.stem in ALONE_ORDER else len(ALONE_ORDER))
+    cluster, job server or references are built once), handed out in this order."""
+    unit = [i for i in items if i.path.parent.name == "unit"]
+    other = [i for i in items if i.path.parent.name != "unit"]
     other.sort(key=lambda i: LONGEST_FIRST.index(i.path.stem) if i.path.stem in LONGEST_FIRST else len(LONGEST_FIRST))
-    first = [i for i in alone if i.path == alone[0].path] if alone else []
-    items[:] = other + first + unit + alone[len(first):]
+    items[:] = other + unit
 
 
 def pytest_addoption(parser):

@@ -28,7 +28,7 @@ from raydl.bench.fault_cluster import poll
 from tests.helpers import free_port
 from tests.ray.ray_head import alive_nodes, short_tmp_dir, start_head, stop_head
 
-pytestmark = [pytest.mark.slow]   # beside other tests since the hold (tests/alone.py)
+pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 # The scale-up must come while the run trains: the run holds after step HOLD (debug.hold_at_step: every rank waits,

@@ -28,7 +28,7 @@ from raydl.data.ledger_read import committed_ids, epoch_ids, steps_redone
 from tests.ray.fault_harness import ledger, ledger_run, reference_run
 
 pytest.importorskip("torchft")
-pytestmark = [pytest.mark.slow, pytest.mark.alone]   # pyproject's timeout: 480 steps through two node losses
+pytestmark = [pytest.mark.slow]
 
 STEPS, EVERY = 240, 100   # 4 epochs; a full restart would redo up to 99 steps
 # Up to this step the survivors' losses stay within 1e-3 of the fault-free run's (measured: within 3e-5, the first
@@ -43,12 +43,9 @@ def kill_overrides(data_cache) -> list[str]:
             "telemetry.progress=false", "scaling.max_failures=2"]   # the survivors path by default
 
 
-BEFORE_ALONE = ("kill_reference",)   # tests/conftest.py: made before the module takes the lock
-
-
 @pytest.fixture(scope="module")
 def kill_reference(data_cache, tmp_path_factory) -> dict:
-    """The killed-worker run's fault-free run (forked gloo ranks; no Ray, no lock needed)."""
+    """The killed-worker run's fault-free run (forked gloo ranks, no Ray)."""
     return reference_run(tmp_path_factory.mktemp("reference") / "run", kill_overrides(data_cache))
 
 
@@ -236,7 +233,7 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     cluster.resize(1)
     # Past the loss (at step 10, the other worker's node killed at once) by more than the steps a loaded machine does
     # before the node is gone, so that only the survivor, alone, reaches it. Until 2026-12-06 step 100: 90 steps alone
-    # while Ray's GCS retried the lost bundle at ~40% of a core (ray-project/ray#65007), in the suite's alone phase.
+    # while Ray's GCS retried the lost bundle at ~40% of a core (ray-project/ray#65007).
     fail_at = 40
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=400",
                  "checkpoint.every_steps=5", "telemetry.report_every=5", "train.eval_batches=2",
