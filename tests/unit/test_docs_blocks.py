@@ -76,7 +76,7 @@ def test_readme_test_command_is_what_ci_runs():
     command = next(c for b in readme_blocks for c in b.commands if "pytest" in c)
     ci = (REPO / ".ci" / "run").read_text()
     steps = [s.strip() for s in command.split("&&")]
-    pip_steps = [s for s in steps if s.startswith("pip install")]
+    pip_steps = [s for s in steps if s.startswith(("pip install", "uv pip install"))]
     assert pip_steps and all(step.replace("pip install", "pip install -q", 1) in ci for step in pip_steps), command
     *env, python, m, pytest_, target = shlex.split(steps[-1])
     assert f"export {' '.join(env)}" in ci and f"{python} {m} {pytest_} {target}" in ci.splitlines()[-1], command
