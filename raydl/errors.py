@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from raydl import commands
 
-# Run once an error's paragraph is on stderr: raydl.driver.cluster_watch's child then knows it need not say it again.
+# Run once, when the next error's paragraph is on stderr: raydl.driver.cluster_watch's child then knows it need not say
+# it again. Emptied as they run, so a process that runs many commands (tests, a sweep's driver) keeps none.
 _AFTER_SAID: list[Callable[[], None]] = []
 
 
@@ -28,8 +29,8 @@ def after_said(hook: Callable[[], None]) -> None:
 def say(error: RaydlError) -> int:
     """Print the error's one paragraph on stderr; its exit code."""
     print(f"raydl: error: {error}", file=sys.stderr, flush=True)
-    for hook in _AFTER_SAID:
-        hook()
+    while _AFTER_SAID:
+        _AFTER_SAID.pop(0)()
     return error.exit_code
 
 
