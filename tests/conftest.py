@@ -50,12 +50,9 @@ torch.set_num_threads(1)
 
 # The Ray and gloo modules handed out longest first (CPU-s by cgroup, 2026-12-06), so that no process is left with a long
 # one at the end while the other waits: the rest in collection order after them, then the unit tests, short ones that
-# even out the two processes' ends. The fault modules (faults, survivors, restart from memory) wait on the cluster for
-# much of their time (a node's loss noticed, a resize check, a replacement placed): each is handed out beside a module
-# that keeps its core busy meanwhile (xdist gives a process its next module once it has two tests left), not beside
-# another fault module, where both processes' waits left the cores idle (11-17% in the suite's minutes 3-5, vmstat).
-LONGEST_FIRST = ("test_faults", "test_docs", "test_survivors", "test_s3_e2e", "test_train_e2e", "test_console",
-                 "test_restart_from_memory", "test_late_start", "test_data_ledger", "test_stop", "test_jobs_submit",
+# even out the two processes' ends.
+LONGEST_FIRST = ("test_faults", "test_survivors", "test_docs", "test_restart_from_memory", "test_s3_e2e",
+                 "test_late_start", "test_console", "test_data_ledger", "test_train_e2e", "test_stop", "test_jobs_submit",
                  "test_own_model")
 
 
