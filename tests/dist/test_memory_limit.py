@@ -1,4 +1,4 @@
-"""A model that no worker could hold whole trains: two gloo ranks under torchrun, each allowed to allocate only 0.9x
+"""A model that no worker could hold whole trains: two gloo ranks under torchrun, each allowed to allocate only 0.96x
 the whole fp32 model beyond what it holds when its build starts (debug.memory_limit_mb, RLIMIT_DATA). Built on meta
 at dp=2 FSDP2 with the optimizer step in backward, the run takes its steps and checkpoints; the same run building the
 whole model on every worker (as raydl did before) fails building it, for want of the memory, with raydl's
@@ -18,13 +18,17 @@ from tests.helpers import torchrun_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-# 24 x 640: 451 MiB in fp32. Deep and narrow, so that FSDP's one unsharded layer is small beside a rank's half; the
-# cap then leaves ~100 MiB for what a run holds besides its model (thread stacks, data read-ahead, gloo buffers).
+# 24 x 640: 451 MiB in fp32. Deep and narrow, so that FSDP's one unsharded layer (18.8 MiB) is small beside a rank's
+# half (225 MiB). A rank's data segment grew 380.6 MiB past the cap's start in each of 8 runs (2026-12-06: quiet, with
+# both cores burnt, with one core burnt twice): its half, and 155 MiB besides (thread stacks, data read-ahead, gloo
+# buffers, the layer gathered in backward). A cap of 0.9x the model (405 MiB) left 24 MiB, about one more unsharded
+# layer, and in one whole-suite run rank 1 ran out in backward, gathering a layer (18.8 MiB). 0.96x (432 MiB) leaves
+# 52 MiB, and is still less than the whole model alone, which the run that builds it whole must hold.
 MODEL = ["model.options.layers=24", "model.options.width=640", "model.options.heads=10"]
 RUN = ["train.optimizer=sgd", "train.momentum=0", "train.micro_batch_size=1", "train.global_batch_size=2",
        "train.max_steps=2", "train.warmup_steps=1", "train.eval_batches=1", "data.builtin_samples=4096",
        "telemetry.progress=false", "parallel.dp_wrapper=fsdp", "train.optimizer_in_backward=true", "train.grad_clip=0"]
-CAP_OVER_MODEL = 0.9
+CAP_OVER_MODEL = 0.96
 
 
 def _whole_model_mib(sets: list[str]) -> float:
