@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 from raydl import commands
 
-# Run once, when the next error's paragraph is on stderr: raydl.driver.cluster_watch's child then knows it need not say
-# it again. Emptied as they run, so a process that runs many commands (tests, a sweep's driver) keeps none.
-_AFTER_SAID: list[Callable[[], None]] = []
+# Who prints the next error's paragraph in this process's place: raydl.driver.cluster_watch's child, which outlives
+# Ray's _Exit of the driver once its raylet is gone (a paragraph printed here, then _Exit before the child heard of it,
+# was said twice: CI, 2026-12-06). Each takes the paragraph and returns whether it printed it. Emptied as they are
+# asked, so a process that runs many commands (tests, a sweep's driver) keeps none.
+_SPEAKERS: list[Callable[[str], bool]] = []
 
 
 def one_line(error: BaseException) -> str:
@@ -22,15 +24,18 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def after_said(hook: Callable[[], None]) -> None:
-    _AFTER_SAID.append(hook)
+def speak_through(speaker: Callable[[str], bool]) -> None:
+    _SPEAKERS.append(speaker)
 
 
 def say(error: RaydlError) -> int:
-    """Print the error's one paragraph on stderr; its exit code."""
-    print(f"raydl: error: {error}", file=sys.stderr, flush=True)
-    while _AFTER_SAID:
-        _AFTER_SAID.pop(0)()
+    """Print the error's one paragraph on stderr (or have a speaker print it); its exit code."""
+    paragraph = f"raydl: error: {error}"
+    speakers, _SPEAKERS[:] = list(_SPEAKERS), []
+    sys.stdout.flush()   # what the run printed before comes before the paragraph, whoever prints it
+    printed = [speak(paragraph) for speak in speakers]   # every speaker is told: each waits for a word
+    if not any(printed):
+        print(paragraph, file=sys.stderr, flush=True)
     return error.exit_code
 
 

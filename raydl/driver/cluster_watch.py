@@ -10,13 +10,16 @@ nothing reaches the console). No handler in this process can run after that. Two
   run cannot go on, so it prints raydl's one-paragraph error (the checkpoint and the resume command) and exits
   with code 1;
 - a small child process (`python -m raydl.driver.cluster_watch`) holds a pipe from this process. If the
-  pipe closes without this process having said "done" or "said" (Ray's `_Exit` won the race with the
-  thread), and the raylet then stops answering, the child prints the same paragraph on the stderr both
-  share. The exit code, 1, is Ray's already. A run that ends in an error tells "said" the moment the CLI has
-  printed its paragraph (`raydl.errors.say`), not at interpreter exit: once the raylet is gone, Ray's core
-  worker may `_Exit` the process in between, and the child would say the cluster's paragraph a second time
-  (CI, 2026-12-06). Signals sent to the group (Ctrl-C, a job stop) do not stop the child: it ends when the
-  pipe closes.
+  pipe closes without this process having said "done" or handed it a paragraph (Ray's `_Exit` won the race
+  with the thread), and the raylet then stops answering, the child prints the same paragraph on the stderr
+  both share. The exit code, 1, is Ray's already. Signals sent to the group (Ctrl-C, a job stop) do not stop
+  the child: it ends when the pipe closes.
+
+A run that ends in an error, and the thread, hand their paragraph to the child, which prints it; this process
+waits for that. Printed here, and then told, a paragraph could be said twice: once the raylet is gone, Ray's core
+worker may `_Exit` this process between the two (CI printed the controller's paragraph and then the child's, twice
+on 2026-12-06, the second time with the telling a few microseconds after the print). Handed over in one write, it
+is printed once whenever the `_Exit` comes.
 
 The thread and the run's end take one lock: once the run has ended (its error is the CLI's to say), the thread
 says nothing.
@@ -34,13 +37,13 @@ import threading
 import time
 
 from raydl import commands
-from raydl.errors import after_said
+from raydl.errors import speak_through
 
 POLL_S = 0.1   # a race with the core worker's own exit (see above): a local TCP connect costs ~0.1 ms
 PROBE_TIMEOUT_S = 1.0
 SETTLE_S = 5.0   # after the driver's silent exit, how long its raylet has to stop answering to count as gone
 GONE_AFTER_S = 3.0   # while the driver lives, how long its raylet must fail every probe to count as gone
-DONE, SAID = b"done\n", b"said\n"
+DONE, SAY = b"done\n", b"say "   # SAY, then the paragraph: the child prints it
 CAUSE = "this machine's raylet stopped answering"
 
 
@@ -96,15 +99,29 @@ class ClusterWatch:
             self._tell(DONE)
             self._child.wait(timeout=30)
         else:   # the error is said by the caller (raydl's CLI) after this; a traceback's at exit
-            after_said(lambda: self._tell(SAID))
+            speak_through(self._say_through_child)
             atexit.register(self._tell, DONE)
 
-    def _tell(self, word: bytes) -> None:
+    def _tell(self, word: bytes) -> bool:
         try:
             self._child.stdin.write(word)
             self._child.stdin.close()
+            return True
         except (OSError, ValueError):   # already told, or the child is gone: nothing left to say
-            pass
+            return False
+
+    def _say_through_child(self, paragraph: str) -> bool:
+        """Whether the child printed `paragraph` on the stderr both share (only when this process's stderr is it)."""
+        try:
+            shared = sys.stderr.fileno() == 2
+        except (AttributeError, OSError, ValueError):   # captured (pytest's capsys): printed here, where it is read
+            shared = False
+        if not (shared and self._tell(SAY + paragraph.encode() + b"\n")):
+            return False
+        try:
+            return self._child.wait(timeout=30) == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def _watch(self) -> None:
         self._message()   # once now: whatever it imports is loaded before the race it is for
@@ -118,8 +135,9 @@ class ClusterWatch:
                 with self._ending:
                     if self._stop.is_set():   # the run ended meanwhile: its own error says why
                         return
-                    self._tell(SAID)
-                    print(f"raydl: error: {self._message()}", file=sys.stderr, flush=True)
+                    paragraph = f"raydl: error: {self._message()}"
+                    if not self._say_through_child(paragraph):
+                        print(paragraph, file=sys.stderr, flush=True)
                     os._exit(self.exit_code)
 
     def _message(self) -> str:
@@ -127,11 +145,16 @@ class ClusterWatch:
 
 
 def main(host: str, port: str, run_dir: str, address: str) -> int:
-    """The child: wait for the driver's pipe to close; if the driver left without a word and its raylet is
-    gone, say so."""
+    """The child: wait for the driver's pipe to close; print the paragraph it handed over, or, if the driver left
+    without a word and its raylet is gone, say so."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    if sys.stdin.buffer.read() in (DONE, SAID):
+    told = sys.stdin.buffer.read()
+    if told.startswith(SAY):
+        sys.stderr.buffer.write(told[len(SAY):])
+        sys.stderr.flush()
+        return 0
+    if told == DONE:
         return 0
     node = {"NodeManagerAddress": host, "NodeManagerPort": int(port)}
     deadline = time.monotonic() + SETTLE_S
