@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import faulthandler
 import gc
 import importlib
+import signal
 import sys
 
 from raydl import log
@@ -63,6 +65,8 @@ def skip_exit_collection() -> None:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:   # the `raydl` command: its process ends with it
         atexit.register(skip_exit_collection)
+    # `kill -USR1 PID` of a command that seems stuck prints every thread's Python stack on its stderr (a job's log).
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     log.configure(args.verbosity)

@@ -15,8 +15,11 @@ Timings are printed with -s ([timing] lines).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -53,6 +56,23 @@ def fake_cluster_config(tmp: Path, gcs_port: int) -> Path:
     path = tmp / "autoscale.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def ask_drivers_for_stacks(tmp: Path) -> list[int]:
+    """Have each live driver of a job with `tmp` in its command line print its threads' stacks into the job's log
+    (raydl's CLI: SIGUSR1); their pids."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and is_driver_of(p, str(tmp))]
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    return pids
+
+
+def is_driver_of(proc: Path, tmp: str) -> bool:
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:   # ended meanwhile
+        return False
+    return argv[:2] == [b"python", b"jobs/train.py"] and tmp.encode() in b" ".join(argv)
 
 
 def test_elastic_job_scales_fake_cluster_up_and_down():
@@ -96,8 +116,14 @@ def test_elastic_job_scales_fake_cluster_up_and_down():
             return status in jobs.TERMINAL and status
 
         def describe() -> str:
-            return f"timings so far (s since submit): {times}\nnodes: {alive_nodes(head)}\njob logs:\n" + "\n".join(
-                line for line in client.logs(job_id).splitlines() if "Reporting training result" not in line)[-6000:]
+            # Where the job's driver is, if it has not ended (CI, 2026-12-06: it printed its summary and never did).
+            stuck = ask_drivers_for_stacks(tmp)
+            if stuck:
+                with contextlib.suppress(TimeoutError):
+                    poll("the driver's stacks in its log", lambda: "most recent call first" in client.logs(job_id), 20)
+            return (f"timings so far (s since submit): {times}\nnodes: {alive_nodes(head)}\ndrivers still running, "
+                    f"asked for their stacks: {stuck}\njob logs:\n" + "\n".join(
+                        line for line in client.logs(job_id).splitlines() if "Reporting training result" not in line)[-12000:])
 
         status = poll("the elastic job finishing", progress, deadline_s=420, describe=describe, every_s=1)
         times["finished"] = time.monotonic() - t0
