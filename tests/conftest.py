@@ -35,6 +35,13 @@ for knob, value in (("RAY_enable_metrics_collection", "0"), ("REPORTER_UPDATE_IN
                     ("RAY_prestart_worker_first_driver", "0"), ("RAY_enable_worker_prestart", "0"),
                     ("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0"), ("LOG_NAME_UPDATE_INTERVAL_S", "1")):
     os.environ.setdefault(knob, value)
+# Ray starts its workers and actors at nice 15 (its worker_niceness), so that on a shared node they yield to its
+# daemons. Here they yield to every other process of the suite (the other test process's torchrun and gloo ranks,
+# commands, the test processes) and to anything beside it: with a process burning a core beside two of its modules,
+# that process kept a whole core and the runs' workers shared what was left (164.5 s wall; 117.2 s with the workers at
+# nice 0; quiet 83.6 and 87.3 s: one run each, 2026-12-06). The Rays the tests start run them at 0, as Ray's job
+# drivers already are.
+os.environ.setdefault("RAY_worker_niceness", "0")
 # Where the shell sets PYTHONDONTWRITEBYTECODE (this workplace's does), every process the tests start (each Ray worker
 # and actor, each `raydl` and torchrun rank) compiled raydl's modules again: a Train worker's imports took 2.9-3.1
 # CPU-s so, 2.7 from the compiled files (2026-11-29), and the suite starts hundreds of such processes.
