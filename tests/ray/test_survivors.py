@@ -25,7 +25,7 @@ from raydl.data.dataset import resolve_path
 from raydl.models.choice import choose_model
 from raydl.overrides import load_config
 from raydl.data.ledger_read import committed_ids, epoch_ids, steps_redone
-from tests.ray.fault_harness import ledger, ledger_run, reference_run
+from tests.ray.fault_harness import held, ledger, ledger_run, reference_run, release
 
 pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow]
@@ -172,43 +172,57 @@ def test_a_lost_node_leaves_the_others_training_smaller_until_a_node_comes_back(
     worker instead), the survivor trains on at world size 1, and the replacement, waiting for a place, joins
     when a node is added. Then a node is lost for good: the survivor finishes the run alone, and the run ends
     although Ray still waits to place the replacement (raydl.driver.finished_watch). The ledger: every sample
-    once per epoch, at most the step in flight redone at each loss."""
+    once per epoch, at most the step in flight redone at each loss.
+
+    The survivor alone holds at a step (debug.hold_at_step) while the node comes up, and goes on once its replacement
+    has started: how far it would train alone meanwhile is this machine's speed (cc12, 2026-12-06: steps 36 to 469
+    of 480 at ~25 steps/s, while the node started and the replacement imported; it joined 11 steps before the end,
+    and the run ended before the second loss)."""
     from raydl.bench.recovery import start_at_two_workers
 
     cluster.resize(1)
-    steps = 480   # the survivor alone must not finish before the replacement joins on a busy machine
+    # The hold: over 100 steps past the first loss at two workers, reached by the survivor alone; after it, steps for
+    # the replacement's start (~25 a second alone) and for the second loss while the run still trains.
+    steps, hold = 540, 150
+
+    def held_marks() -> list[str]:   # raydl.train.hold's: held-<pid>
+        return sorted(p.name for p in (tmp_path / "ledger").glob("held-*"))
+
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", f"train.max_steps={steps}",
                  f"checkpoint.every_steps={EVERY}", "telemetry.report_every=5", "train.eval_batches=2",
                  "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2",
-                 "scaling.min_workers=1", "scaling.max_workers=2", f"debug.ledger_dir={tmp_path / 'ledger'}"]
+                 "scaling.min_workers=1", "scaling.max_workers=2", f"debug.ledger_dir={tmp_path / 'ledger'}",
+                 f"debug.hold_at_step={hold}"]
     run = start_at_two_workers(tmp_path, overrides, cluster.address, {}, tmp_path / "ledger")
     try:
         run.wait_step(30, deadline_s=300)
         before = run.workers(2)
         t_loss, at = time.monotonic(), run.step()
+        assert at < hold, f"the run reached the hold at two workers (step {at}) before the node was lost"
         cluster.remove(cluster.nodes[0], graceful=False)
         run.wait_for("a step at world size 1", lambda: run.step() > at and run.world_size() == 1, 60)
         smaller = time.monotonic() - t_loss
         survivors = train_workers()
         assert len(survivors) == 1 and survivors[0] in before, (before, survivors)
+        run.wait_for("the survivor alone held", held_marks, 120)
+        assert held_marks() == [f"held-{survivors[0]}"], held_marks()
         t_add = time.monotonic()
         cluster.add()
         cluster.cluster.wait_for_nodes()
+        run.wait_for("the replacement's process", lambda: len(train_workers()) == 2, 180)
+        (tmp_path / "ledger" / "release").touch()
         run.wait_for("a step at world size 2 again", lambda: run.world_size() == 2, 180)
-        grown = time.monotonic() - t_add
+        grown, joined_at = time.monotonic() - t_add, run.step()
         after = train_workers()
         assert survivors[0] in after and len(set(after) - set(before)) == 1, (before, after)
-        # The last loss near the end: the survivor then trains ~80 steps alone, not the hundreds left after an early
-        # join (on a busy machine a lone survivor's steps took 3-8 s each while Ray waited to place its peer).
-        run.wait_step(steps - 80, deadline_s=300)
         t_gone = time.monotonic()
         cluster.remove(cluster.nodes[0], graceful=False)   # the newcomer's node; none comes back
         summary = run.finish(deadline_s=600)
         ended = time.monotonic() - t_gone
     finally:
         run.stop()
-    print(f"[survivors] node lost at step {at}: a step at 1 worker {smaller:.1f} s later; "
-          f"node added: back at 2 workers {grown:.1f} s later; a node lost for good: the run ended {ended:.1f} s later")
+    print(f"[survivors] node lost at step {at}: a step at 1 worker {smaller:.1f} s later; node added: back at 2 "
+          f"workers {grown:.1f} s later (step {joined_at}); a node lost for good: the run ended {ended:.1f} s later")
     assert summary["steps"] == steps and summary["restarts"] == [], summary["restarts"]
     assert summary["checkpoint"] and summary["checkpoint"].endswith(f"step_{steps:08d}"), summary["checkpoint"]
     sizes = [r["world_size"] for r in run.records()]
@@ -231,18 +245,19 @@ def test_a_survivor_that_fails_while_the_replacement_waits_for_a_node_ends_the_r
     from raydl.train import checkpoint as ckpt
 
     cluster.resize(1)
-    # Past the loss (at step 10, the other worker's node killed at once) by more than the steps a loaded machine does
-    # before the node is gone, so that only the survivor, alone, reaches it. Until 2026-12-06 step 100: 90 steps alone
-    # while Ray's GCS retried the lost bundle at ~40% of a core (ray-project/ray#65007).
+    # The loss while both workers hold at step 10, so that only the survivor, alone, reaches the failure: a step
+    # count past a loss made while the run trained was this machine's speed (until 2026-12-06 step 100: 90 steps alone
+    # while Ray's GCS retried the lost bundle at ~40% of a core, ray-project/ray#65007).
     fail_at = 40
     overrides = [f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.max_steps=400",
                  "checkpoint.every_steps=5", "telemetry.report_every=5", "train.eval_batches=2",
                  "telemetry.progress=false", "scaling.survivors=on", "scaling.max_failures=2",
-                 f"debug.fail_at_step={fail_at}"]
+                 f"debug.fail_at_step={fail_at}", "debug.hold_at_step=10"]
     run = ledger_run(tmp_path, overrides, cluster.address).start()
     try:
-        run.wait_step(10, deadline_s=300)
+        held(run, 2, deadline_s=300)
         cluster.remove(cluster.nodes[0], graceful=False)   # one worker's node; no other node has room
+        release(run)
         failed = ledger(run) / f"failed-at-{fail_at}"
         run.wait_for("the survivor's failure", failed.exists, 300)   # 90 steps alone took over 120 s at load ~10
         try:
