@@ -44,5 +44,14 @@ def describe(schema: pa.Schema) -> dict[str, dict[str, Any]]:
         shape = tensor_shape(field.type)
         if shape is not None:
             value_type = field.type if shape == [] else field.type.value_type
-            out[field.name] = {"dtype": value_type.to_pandas_dtype().__name__, "shape": shape}
+            out[field.name] = {"dtype": numpy_name(value_type), "shape": shape}
     return out
+
+
+def numpy_name(kind: pa.DataType) -> str:
+    """The numpy dtype name of a number type ("int64", "float16", "bool"), without pyarrow's `to_pandas_dtype`,
+    which imports pandas (0.3 s in a process that otherwise never needs it: a torchrun rank, `raydl export`)."""
+    if pa.types.is_boolean(kind):
+        return "bool"
+    prefix = "float" if pa.types.is_floating(kind) else "int" if pa.types.is_signed_integer(kind) else "uint"
+    return f"{prefix}{kind.bit_width}"

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -359,6 +360,10 @@ def _from_rank0(value: str | None) -> str | None:
 
 
 def in_ray() -> bool:
+    """In a Ray Train worker. Ray's worker processes import ray.train before they run the train function; a torchrun
+    rank never imports it, and importing it to ask (ray, ray.train, pandas) cost each rank 0.8 s."""
+    if "ray.train" not in sys.modules:
+        return False
     try:
         import ray.train
 

@@ -4,6 +4,7 @@ through the real per-worker loop and real DCP checkpoints on disk."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -27,6 +28,9 @@ def job(overrides: list[str], run_dir, resume_from=None) -> dict:
 def worker(rank: int, world_size: int, jobs: list[dict]) -> None:
     for j in jobs:
         train_worker(j)
+    # A torchrun rank runs without Ray: the loop asks whether it is in Ray without importing it (ray, ray.train and
+    # pandas: 0.8 s of each rank's start). The ranks fork from a server that never imported ray (tests/helpers.py).
+    assert "ray" not in sys.modules, f"rank {rank}: raydl's per-worker loop imported ray outside Ray"
 
 
 def final_params(run_dir) -> dict[str, torch.Tensor]:
