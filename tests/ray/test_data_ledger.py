@@ -10,6 +10,7 @@ lost with the failed attempt and are redone). The union must be the epoch exactl
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -93,8 +94,10 @@ def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_pa
     ids = committed(ledger)
     assert len(ids) == len(set(ids)) == 15 * GB
 
+    # A finished run resumed with more steps (it ended at 15): it goes on at the next step of the same run.
     second = raydl_train(data, tmp_path / "run-1", 1, STEPS, f"debug.ledger_dir={ledger}", resume=summary["run_dir"])
     assert second["world_sizes"] == [1] and start_offsets(ledger) == [0, 10 * GB, 15 * GB]
+    assert json.loads((Path(second["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["step"] == 16
     assert second["steps"] == STEPS and second["restarts"] == [], second["restarts"]
     ids = committed(ledger)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)

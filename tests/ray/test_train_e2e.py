@@ -5,7 +5,9 @@ is its steps plus what ran between them, and what ran between them other than th
 it; summary.json's samples/s is that wall-clock rate. Before reports went around Ray Train's controller, the step
 after every report waited ~200 ms for the controller's poll: 0.62 of the step rate. The ratio of wall rate to
 median step rate is a benchmark's claim (`raydl bench overhead`, `scaling`), not this test's: on a loaded machine
-the steps' own spread moves it. (These checks had a 200-step default run of their own, tests/ray/test_throughput.py.)"""
+the steps' own spread moves it. (These checks had a 200-step default run of their own, tests/ray/test_throughput.py.)
+A finished run resumed with more steps, which this test did after its run until 2026-12-06 (a second run, ~20 CPU-s):
+tests/ray/test_data_ledger.py's second run, whose first step is the checkpoint's next."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ SUMMARY_FIELDS = {"steps", "samples", "first_loss", "final_loss", "eval", "sampl
 
 
 @pytest.mark.slow
-def test_default_run_learns_and_resumes(ray_session, data_cache, tmp_path):
+def test_default_run_learns(ray_session, data_cache, tmp_path):
     base = [f"data.cache_dir={data_cache}", f"run.runs_dir={tmp_path}", "telemetry.progress=false"]
     summary = run_training(load_config(None, base))          # the default: tiny GPT, 2 workers, 800 steps
 
@@ -37,10 +39,6 @@ def test_default_run_learns_and_resumes(ray_session, data_cache, tmp_path):
                                   "data_wait_s", "peak_memory_mb"} <= json.loads(lines[-1]).keys()
     assert (run_dir / "config.yaml").exists() and summary["checkpoint"].endswith("step_00000800")
     assert_reports_cost_under_a_tenth_of_the_wall_time(summary, [json.loads(x) for x in lines])
-
-    resumed = run_training(load_config(None, base + ["train.max_steps=810"]), resume=summary["run_dir"])
-    records = [json.loads(x) for x in (tmp_path / resumed["run_dir"].split("/")[-1] / "metrics.jsonl").read_text().splitlines()]
-    assert records[0]["step"] == 801 and resumed["steps"] == 810
 
 
 def assert_reports_cost_under_a_tenth_of_the_wall_time(summary: dict, records: list[dict]) -> None:
