@@ -15,7 +15,7 @@ import pytest
 
 from raydl.overrides import build_config
 from raydl.telemetry.startup import ORDER
-from tests.docs_run import blocks_tested_by, checkout_like
+from tests.docs_run import blocks_tested_by, checkout_like, run_blocks
 from tests.docs_run import run as run_as_documented
 from tests.helpers import not_raydls
 from tests.ray.test_own_model import loss_fell, losses_of
@@ -147,13 +147,16 @@ def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher, share
     """On a terminal the progress lines become one tqdm bar (driven by the driver's relay under Ray, by rank 0
     without Ray); the layout line is still a line, and stdout still carries only the summary. Under Ray it is
     docs/recovery.md's first command (which marks it `tested by` this test) as test_docs runs a guide's, on the
-    session's Ray, and its layout line ends with the path a worker's death takes, as that page shows."""
+    session's Ray, and its layout line ends with the path a worker's death takes, as that page shows. It is
+    docs/train.md's first command too (one run for both pages), whose next block then reads what the run wrote."""
+    test = "tests/ray/test_console.py::test_a_terminal_shows_one_progress_bar"
     if launcher == "ray":
         monkeypatch.setenv("RAY_ADDRESS", shared_ray_address)
         monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         cwd = checkout_like(tmp_path, data_cache)
-        command = ["bash", "-c", documented_command(
-            "docs/recovery.md", "tests/ray/test_console.py::test_a_terminal_shows_one_progress_bar")]
+        first, *train_md_after = blocks_tested_by("docs/train.md", test)
+        assert list(first.commands) == [documented_command("docs/recovery.md", test)], first.commands
+        command = ["bash", "-c", *first.commands]
     else:
         cwd = tmp_path
         sets = ["scaling.min_workers=1", "scaling.max_workers=1", "train.max_steps=30", "telemetry.report_every=10",
@@ -168,3 +171,5 @@ def test_a_terminal_shows_one_progress_bar(data_cache, tmp_path, launcher, share
     layout = [line for line in terminal.splitlines() if "micro-batch" in line and "from step 0" in line]
     assert len(layout) == 1, terminal
     assert launcher == "torchrun" or layout[0].rstrip().endswith(SURVIVORS_PATH), layout
+    if launcher == "ray":
+        run_blocks(train_md_after, cwd, shared_ray_address)

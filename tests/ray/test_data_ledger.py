@@ -19,11 +19,13 @@ import pytest
 from raydl.overrides import load_config
 from raydl.driver.ray_trainer import run_training
 from raydl.data.ledger_read import attempts, committed_ids, epoch_ids
+from tests.docs_run import blocks_tested_by, checkout_like, run_blocks
 from tests.helpers import torchrun_worker
 from tests.unit.test_data_loader import make_dataset
 
 pytestmark = pytest.mark.slow
 GB, STEPS = 64, 32          # 2048 train rows = one epoch of 32 steps
+TEST = "tests/ray/test_data_ledger.py::test_ray_data_worker_failure_and_resize_are_exactly_once"
 
 
 def torchrun(nproc: int, run_dir: Path, data: Path, ledger: Path, *overrides: str, fail_at: int | None = None,
@@ -77,27 +79,31 @@ def raydl_train(data: Path, run_dir: Path, workers: int, steps: int, *debug: str
     return run_training(load_config(None, sets), resume=resume)
 
 
-def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, tmp_path):
-    """As above through `raydl train` with Ray Data: Ray's FailureConfig restarts the group after the failure at step
-    13, and the run's step-15 checkpoint resumes at one worker."""
-    data, ledger = make_dataset(tmp_path), tmp_path / "ledger"
-    ledger.mkdir()
-
-    # The debug section travels to the Ray workers inside the job's config, like every other field.
-    summary = raydl_train(data, tmp_path / "run", 2, 15, f"debug.ledger_dir={ledger}",
-                          "debug.fail_at_step=13", "checkpoint.memory_every_steps=0",   # resumes from storage
-                          "scaling.survivors=off")   # the whole group restarts (the survivors': test_survivors.py)
+def test_ray_data_worker_failure_and_resize_are_exactly_once(ray_session, shared_ray_address, data_cache, tmp_path):
+    """As above through `raydl train` with Ray Data: docs/elastic.md's first block (which marks it `tested by` this
+    test) as printed there, on this test's dataset with Ray Data: Ray's FailureConfig restarts the group after the
+    failure at step 15 from the step-10 checkpoint, and the page's own check of summary.json passes. Then the
+    run's last checkpoint (step 30) resumes at one worker to the end of the epoch."""
+    data = make_dataset(tmp_path)
+    (tmp_path / "page").mkdir()
+    cwd = checkout_like(tmp_path / "page", data_cache)
+    # The page's settings are the test's (2 workers, the batch of 64 in micro-batches of 32, checkpoints every 10,
+    # restarts from storage); the debug section travels to the Ray workers inside the job's config.
+    ours = [f"data.path={data}", "data.backend=ray", "train.eval_batches=1"]
+    run_blocks(blocks_tested_by("docs/elastic.md", TEST), cwd, shared_ray_address, extra_sets=ours)
+    summary = json.loads((cwd / "runs" / "faulty" / "summary.json").read_text())
+    ledger = cwd / "ledger"
     [restart] = summary["restarts"]
-    assert "injected failure at step 13" in restart["cause"] and restart["resumed_at_step"] == 10, restart
-    assert summary["steps"] == 15
+    assert "injected failure at step 15" in restart["cause"] and restart["resumed_at_step"] == 10, restart
+    assert summary["steps"] == 30
     assert start_offsets(ledger) == [0, 10 * GB]           # Ray restarted the group from the step-10 checkpoint
     ids = committed(ledger)
-    assert len(ids) == len(set(ids)) == 15 * GB
+    assert len(ids) == len(set(ids)) == 30 * GB
 
-    # A finished run resumed with more steps (it ended at 15): it goes on at the next step of the same run.
+    # A finished run resumed with more steps (it ended at 30): it goes on at the next step of the same run.
     second = raydl_train(data, tmp_path / "run-1", 1, STEPS, f"debug.ledger_dir={ledger}", resume=summary["run_dir"])
-    assert second["world_sizes"] == [1] and start_offsets(ledger) == [0, 10 * GB, 15 * GB]
-    assert json.loads((Path(second["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["step"] == 16
+    assert second["world_sizes"] == [1] and start_offsets(ledger) == [0, 10 * GB, 30 * GB]
+    assert json.loads((Path(second["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])["step"] == 31
     assert second["steps"] == STEPS and second["restarts"] == [], second["restarts"]
     ids = committed(ledger)
     assert len(ids) == len(set(ids)) and sorted(ids) == epoch_ids(data)

@@ -1,6 +1,7 @@
-"""`raydl train` on Ray Train with pipeline layouts: an explicit pp=2 schedule and pp_degree=auto. The two runs also
-share one storage path and one run basename (`exp`): they keep their checkpoints apart (one pair of runs for both
-checks: each run costs ~35 CPU-s of process starts)."""
+"""`raydl train` on Ray Train with pipeline layouts: an explicit pp=2 schedule of the tiny GPT, and a tiny Hugging Face
+GPT-2 (`model.name=hf`) at the layout the planner chooses (pp_degree=auto). The two runs also share one storage path
+and one run basename (`exp`): they keep their checkpoints apart (one pair of runs for all three checks: each run costs
+~35 CPU-s of process starts; the GPT-2 run was tests/ray/test_hf_train.py's own until 2026-12-06)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from raydl.overrides import load_config
 pytestmark = pytest.mark.slow
 
 EXPLICIT = ("parallel.pp_degree=2", "parallel.schedule=interleaved1f1b", "parallel.num_microbatches=4")
-AUTO = ("parallel.pp_degree=auto",)
+AUTO = ("parallel.pp_degree=auto", "model.name=hf", "model.options.family=gpt2", "model.options.layers=3",
+        "model.options.hidden_size=32")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,10 @@ def test_pipeline_trains_on_ray(layout, runs):
     assert used["dp"] * used["pp"] == 2
     if layout == EXPLICIT:
         assert (used["pp"], used["schedule"], used["num_microbatches"]) == (2, "interleaved1f1b", 4)
+    else:   # the planner's choice for the Hugging Face model: its 3 blocks and the embeddings and head on the stages
+        assert load_config(Path(summary["run_dir"]) / "config.yaml").model.options["family"] == "gpt2"
+        # parallel.dp_wrapper=auto: DDP when params, grads and optimizer states fit, and the layout says why
+        assert used["dp_wrapper"] in ("ddp", "replicate") and "fits in" in used["dp_wrapper_reason"], used
     assert summary["eval"]["batches"] > 0
 
 
