@@ -50,6 +50,7 @@ def test_guard_actors_start_after_the_first_report_and_the_run_finishes(head, da
     sets = ["train.max_steps=50", "telemetry.report_every=40", "checkpoint.every_steps=40",
             f"data.cache_dir={data_cache}", "data.builtin_samples=4096", "train.eval_batches=2",
             "telemetry.progress=false", f"run.dir={run_dir}", f"debug.ledger_dir={ledger}", "debug.hold_at_step=40",
+            "scaling.min_workers=1", "scaling.max_workers=1",   # one watcher per group, whatever its size
             "scaling.survivors=off"]   # replica groups (the survivors path) run no PreemptionWatcher at all
     argv = [str(Path(sys.executable).parent / "raydl"), "train", "--address", f"127.0.0.1:{head.gcs_port}",
             *[a for s in sets for a in ("--set", s)]]
