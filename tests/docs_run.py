@@ -35,7 +35,8 @@ def run(command: str, cwd: Path, ray_address: str | None) -> subprocess.Complete
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
 
 
-def run_blocks(blocks: list[Block], cwd: Path, ray_address: str | None, *, extra_sets: list[str] = ()) -> None:
+def run_blocks(blocks: list[Block], cwd: Path, ray_address: str | None, *,
+               extra_sets: tuple[str, ...] | list[str] = ()) -> None:
     """Every command of `blocks`, in order, in `cwd`: each must exit 0 (the failure names the page, the line and
     the command's output). `extra_sets`: `--set`s a test adds at the end of each `raydl train` (its own dataset, a
     shorter evaluation), which must end its command line."""
