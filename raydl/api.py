@@ -30,7 +30,6 @@ Overrides = Iterable[str] | Mapping[str, Any]
 def train(config: str | Path | Mapping[str, Any] | JobConfig | None = None, *, overrides: Overrides = (),
           model: ModelSpec | None = None, address: str | None = None, resume: str | None = None) -> dict[str, Any]:
     """Train as `raydl train` does; returns summary.json's dict with `run_dir` and `checkpoint` (the last one)."""
-    from raydl.driver.ray_trainer import cluster_address, run_training
     from raydl.driver.resume import resumed_tree
 
     tree = _config_tree(config)
@@ -38,6 +37,9 @@ def train(config: str | Path | Mapping[str, Any] | JobConfig | None = None, *, o
         tree = resumed_tree(str(resume), tree)
     tree = apply_overrides(tree, _listed(overrides))
     cfg = build_config(apply_overrides(tree, _model_name(model)))
+    # After the config is checked: the driver imports torch (~2 CPU-s), which a mistyped field need not wait for.
+    from raydl.driver.ray_trainer import cluster_address, run_training
+
     return run_training(cfg, address=cluster_address(address), resume=resume, model=model)
 
 
@@ -49,26 +51,28 @@ def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Ov
     `config`: a sweep file or its mapping (base/space/objective...); None = the built-in batch x
     precision sweep. `overrides` apply to the base training config. `resume`: a sweep directory to
     continue (give `model` again if the sweep had one)."""
-    from raydl.driver.ray_trainer import cluster_address
     from raydl.tune.space import default_sweep, parse_sweep
+
+    listed = _listed(overrides)
+    sets = [*_as_strings(listed), *_as_strings(_model_name(model))]
+    if resume and (config is not None or listed):
+        raise ConfigError("--resume", "is given with a sweep config or overrides", "a resumed sweep keeps its "
+                          "own config; drop the config and the overrides")
+    if not resume:   # checked before the imports below (torch, Ray Tune: ~5 CPU-s), which a mistyped field need not wait for
+        if config is not None:
+            is_file = isinstance(config, (str, Path))
+            tree = read_yaml(config) if is_file else copy.deepcopy(dict(config))
+            spec = parse_sweep(tree, base_dir=Path(config).parent if is_file else Path("."), overrides=sets)
+        else:
+            spec = parse_sweep(default_sweep(gpu=False), overrides=sets)   # bad overrides fail before Ray starts
+    from raydl.driver.ray_trainer import cluster_address
     from raydl.tune.sweep import resume_sweep, run_sweep
 
     address = cluster_address(address)
-    listed = _listed(overrides)
-    sets = [*_as_strings(listed), *_as_strings(_model_name(model))]
     if resume:
-        if config is not None or listed:
-            raise ConfigError("--resume", "is given with a sweep config or overrides", "a resumed sweep keeps its "
-                              "own config; drop the config and the overrides")
         return resume_sweep(resume, address=address, model=model)
-    if config is not None:
-        is_file = isinstance(config, (str, Path))
-        tree = read_yaml(config) if is_file else copy.deepcopy(dict(config))
-        spec = parse_sweep(tree, base_dir=Path(config).parent if is_file else Path("."), overrides=sets)
-    else:
-        spec = parse_sweep(default_sweep(gpu=False), overrides=sets)   # bad overrides fail before Ray starts
-        if _has_gpu(address):
-            spec = parse_sweep(default_sweep(gpu=True), overrides=sets)
+    if config is None and _has_gpu(address):
+        spec = parse_sweep(default_sweep(gpu=True), overrides=sets)
     return run_sweep(spec, address=address, model=model)
 
 
