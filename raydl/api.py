@@ -58,13 +58,8 @@ def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Ov
     if resume and (config is not None or listed):
         raise ConfigError("--resume", "is given with a sweep config or overrides", "a resumed sweep keeps its "
                           "own config; drop the config and the overrides")
-    if not resume:   # checked before the imports below (torch, Ray Tune: ~5 CPU-s), which a mistyped field need not wait for
-        if config is not None:
-            is_file = isinstance(config, (str, Path))
-            tree = read_yaml(config) if is_file else copy.deepcopy(dict(config))
-            spec = parse_sweep(tree, base_dir=Path(config).parent if is_file else Path("."), overrides=sets)
-        else:
-            spec = parse_sweep(default_sweep(gpu=False), overrides=sets)   # bad overrides fail before Ray starts
+    # Checked before the driver (torch) and Ray Tune are imported (~5 CPU-s), which a mistyped field need not wait for.
+    spec = None if resume else _parsed_sweep(config, sets)
     from raydl.driver.ray_trainer import cluster_address
     from raydl.tune.sweep import resume_sweep, run_sweep
 
@@ -74,6 +69,17 @@ def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Ov
     if config is None and _has_gpu(address):
         spec = parse_sweep(default_sweep(gpu=True), overrides=sets)
     return run_sweep(spec, address=address, model=model)
+
+
+def _parsed_sweep(config: str | Path | Mapping[str, Any] | None, sets: list[str]):
+    """The sweep of a file, a mapping or (None) the built-in CPU one, with the base's overrides applied."""
+    from raydl.tune.space import default_sweep, parse_sweep
+
+    if config is None:
+        return parse_sweep(default_sweep(gpu=False), overrides=sets)   # bad overrides fail before Ray starts
+    is_file = isinstance(config, (str, Path))
+    tree = read_yaml(config) if is_file else copy.deepcopy(dict(config))
+    return parse_sweep(tree, base_dir=Path(config).parent if is_file else Path("."), overrides=sets)
 
 
 def _config_tree(config: str | Path | Mapping[str, Any] | JobConfig | None) -> dict[str, Any]:
