@@ -51,8 +51,6 @@ def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Ov
     `config`: a sweep file or its mapping (base/space/objective...); None = the built-in batch x
     precision sweep. `overrides` apply to the base training config. `resume`: a sweep directory to
     continue (give `model` again if the sweep had one)."""
-    from raydl.tune.space import default_sweep, parse_sweep
-
     listed = _listed(overrides)
     sets = [*_as_strings(listed), *_as_strings(_model_name(model))]
     if resume and (config is not None or listed):
@@ -67,16 +65,16 @@ def sweep(config: str | Path | Mapping[str, Any] | None = None, *, overrides: Ov
     if resume:
         return resume_sweep(resume, address=address, model=model)
     if config is None and _has_gpu(address):
-        spec = parse_sweep(default_sweep(gpu=True), overrides=sets)
+        spec = _parsed_sweep(None, sets, gpu=True)
     return run_sweep(spec, address=address, model=model)
 
 
-def _parsed_sweep(config: str | Path | Mapping[str, Any] | None, sets: list[str]):
-    """The sweep of a file, a mapping or (None) the built-in CPU one, with the base's overrides applied."""
+def _parsed_sweep(config: str | Path | Mapping[str, Any] | None, sets: list[str], *, gpu: bool = False):
+    """The sweep of a file, a mapping or (None) the built-in one for CPUs or GPUs, with the base's overrides applied."""
     from raydl.tune.space import default_sweep, parse_sweep
 
     if config is None:
-        return parse_sweep(default_sweep(gpu=False), overrides=sets)   # bad overrides fail before Ray starts
+        return parse_sweep(default_sweep(gpu=gpu), overrides=sets)   # bad overrides fail before Ray starts
     is_file = isinstance(config, (str, Path))
     tree = read_yaml(config) if is_file else copy.deepcopy(dict(config))
     return parse_sweep(tree, base_dir=Path(config).parent if is_file else Path("."), overrides=sets)
